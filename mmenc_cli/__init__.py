@@ -1,0 +1,37 @@
+"""mmenc: batch encoder for offline multimodal embedding precomputation.
+
+The core is importable without the CLI and without torch:
+
+    from mmenc_cli import read_embeddings, run_encode, RunConfig
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "read_embeddings": ("reader", "read_embeddings"),
+    "inspect_output": ("reader", "inspect_output"),
+    "run_encode": ("pipeline", "run_encode"),
+    "RunConfig": ("config", "RunConfig"),
+    "ModelConfig": ("config", "ModelConfig"),
+    "WriterConfig": ("config", "WriterConfig"),
+    "ManifestConfig": ("config", "ManifestConfig"),
+    "MediaConfig": ("config", "MediaConfig"),
+    "BatchConfig": ("config", "BatchConfig"),
+    "MMError": ("errors", "MMError"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    """Import public names on first use so `import mmenc_cli` stays cheap."""
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
+    raise AttributeError(name)

@@ -1,0 +1,179 @@
+"""Frozen, validated configuration for one run; saved with the run's metadata.
+
+Options reach the core as one `RunConfig`, never as a splat of keyword arguments. Each part is
+validated in `__post_init__` so a bad combination fails before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .records import MODALITIES
+
+POOLINGS = ("auto", "cls", "mean", "tokens")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+OUT_DTYPES = ("float32", "float16", "bfloat16")
+FORMATS = ("parquet", "safetensors")
+RESERVED_COLUMNS = frozenset({"id", "modality", "embedding"})
+
+
+class ConfigError(ValueError):
+    """Options that cannot work together (a usage error, exit code 2)."""
+
+
+@dataclass(frozen=True)
+class ManifestConfig:
+    """Which manifest keys hold the id, image and text, which fields to keep, how many rows."""
+
+    id_key: str = "id"
+    image_key: str = "image"
+    text_key: str = "text"
+    keep: tuple[str, ...] = ()
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 0:
+            raise ConfigError("--limit must be >= 0")
+        bad = RESERVED_COLUMNS.intersection(self.keep)
+        if bad:
+            raise ConfigError(f"--keep cannot name reserved column(s): {', '.join(sorted(bad))}")
+        if len(set(self.keep)) != len(self.keep):
+            raise ConfigError("--keep names a field twice")
+
+
+@dataclass(frozen=True)
+class MediaConfig:
+    """Limits and network behaviour for loading images."""
+
+    max_image_pixels: int = 89_478_485  # Pillow's own bomb threshold (~ 9459 x 9459)
+    max_file_bytes: int = 64 * 1024 * 1024
+    fetch_timeout: float = 20.0
+    fetch_retries: int = 3
+
+    def __post_init__(self) -> None:
+        if self.max_image_pixels <= 0 or self.max_file_bytes <= 0:
+            raise ConfigError("--max-image-pixels and --max-file-bytes must be > 0")
+        if self.fetch_timeout <= 0 or self.fetch_retries < 0:
+            raise ConfigError("--fetch-timeout must be > 0 and --fetch-retries >= 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What model to load and how to run it. Every field here changes the vectors (fingerprint)."""
+
+    model: str
+    revision: str | None = None
+    pooling: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    normalize: bool | None = None  # None: the model's own convention, resolved at load time
+    text_prefix: str = ""
+    max_length: int | None = None
+    trust_remote_code: bool = False
+    allow_pickle_weights: bool = False
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"--pooling must be one of {', '.join(POOLINGS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}")
+        if self.max_length is not None and self.max_length <= 0:
+            raise ConfigError("--max-length must be > 0")
+        for dev in self.devices:
+            if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
+                raise ConfigError(f"--device {dev!r}: expected auto, cpu, cuda, cuda:N or mps")
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The comma-separated device list (one worker process per device when more than one)."""
+        return tuple(d.strip() for d in self.device.split(",") if d.strip()) or ("auto",)
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Micro-batching: batch size, token budget, workers and prefetch."""
+
+    batch_size: int = 32
+    max_batch_tokens: int | None = None
+    workers: int | None = None  # None: a default from the CPU count
+    prefetch_batches: int = 4
+    grow_after: int = 8  # successes at a halved batch size before growing it back
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0:
+            raise ConfigError("--batch-size must be > 0")
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError("--workers must be >= 0")
+        if self.prefetch_batches <= 0:
+            raise ConfigError("prefetch must be > 0")
+
+    @property
+    def resolved_workers(self) -> int:
+        """Worker processes for decoding: CPU count minus one for the encode loop, at most 8."""
+        if self.workers is not None:
+            return self.workers
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(8, cpus - 1))
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """Output format and layout."""
+
+    out: str
+    format: str = "parquet"
+    out_dtype: str | None = None  # None: float32 for pooled vectors, float16 for token embeddings
+    shard_size: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ConfigError(f"--format must be one of {', '.join(FORMATS)}")
+        if self.out_dtype is not None and self.out_dtype not in OUT_DTYPES:
+            raise ConfigError(f"--out-dtype must be one of {', '.join(OUT_DTYPES)}")
+        if self.format == "parquet" and self.out_dtype == "bfloat16":
+            raise ConfigError("--out-dtype bfloat16 needs --format safetensors (Parquet has no bfloat16)")
+        if self.shard_size <= 0:
+            raise ConfigError("--shard-size must be > 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one `mmenc encode` run needs."""
+
+    manifests: tuple[str, ...]
+    model: ModelConfig
+    writer: WriterConfig
+    manifest: ManifestConfig = field(default_factory=ManifestConfig)
+    media: MediaConfig = field(default_factory=MediaConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    modalities: tuple[str, ...] | None = None  # None: every modality the model supports
+    task_index: int = 0
+    task_count: int = 1
+    max_errors: int | None = None
+    max_error_rate: float | None = None
+    fail_fast: bool = False
+    overwrite: bool = False
+    wait_lock: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.manifests:
+            raise ConfigError("give at least one manifest")
+        if self.modalities is not None:
+            bad = [m for m in self.modalities if m not in MODALITIES]
+            if bad or not self.modalities:
+                raise ConfigError("--modality must be image, text or image,text")
+        if self.task_count < 1 or not 0 <= self.task_index < self.task_count:
+            raise ConfigError(f"task index {self.task_index} is not in [0, {self.task_count})")
+        if self.max_error_rate is not None and not 0 <= self.max_error_rate <= 1:
+            raise ConfigError("--max-error-rate must be between 0 and 1")
+        if self.max_errors is not None and self.max_errors < 0:
+            raise ConfigError("--max-errors must be >= 0")
+        if self.model.pooling == "tokens" and self.writer.format != "safetensors":
+            raise ConfigError("--pooling tokens writes token embeddings: use --format safetensors")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy for the run metadata."""
+        return asdict(self)

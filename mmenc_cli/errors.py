@@ -1,0 +1,238 @@
+"""Per-item failures as data: the `MMError` carrier, its codes and reasons, and the error report.
+
+Every failure of one item (a manifest row, or one modality of a row) is wrapped in one `MMError`
+carrying the original message, an HTTP-style code, the pipeline stage and a stable `reason` slug.
+Codes keep the client/server split honest:
+
+=====  ==========================================================================================
+code   meaning
+=====  ==========================================================================================
+400    invalid row, undecodable or empty media, bad base64, a directory where a file should be
+403    permission denied (local file or remote)
+404    missing file, remote 404
+409    id already used in this output
+413    too large: pixel limit, decompression bomb, file-size limit
+415    media type or URL scheme we do not support (HEIC without a plugin, ``ftp://``)
+422    valid input the model cannot take (text empty after stripping)
+500    our failure: encoder error, non-finite output, wrong output count, token-count mismatch,
+       a decoder our install should have but lacks
+503    remote unavailable after retries (refused, DNS, remote 429/5xx)
+504    timed out
+507    out of memory for a single item
+=====  ==========================================================================================
+
+`REASONS` lists every reason slug with its code; `classify()` is the one place that maps an
+arbitrary exception to an `MMError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+STAGES = ("read", "validate", "load", "decode", "preprocess", "encode", "write")
+
+#: reason slug -> (code, what it means). The README's table is generated from this.
+REASONS: dict[str, tuple[int, str]] = {
+    "manifest.invalid_json": (400, "the manifest line is not a JSON object"),
+    "manifest.invalid_row": (400, "the row cannot be read (bad CSV/Parquet record)"),
+    "manifest.missing_id": (400, "the row has no id"),
+    "manifest.invalid_type": (400, "a field has the wrong type (id not str/int, text not str, ...)"),
+    "manifest.empty_row": (400, "the row has neither an image nor a text"),
+    "manifest.duplicate_id": (409, "the id was already used in this output"),
+    "media.not_found": (404, "the image file does not exist"),
+    "media.permission_denied": (403, "the image file or URL is not readable for us"),
+    "media.is_directory": (400, "a directory where an image file should be"),
+    "media.empty": (400, "the image file or payload is empty"),
+    "media.unreadable": (400, "the bytes are not an image Pillow can decode (truncated, corrupt)"),
+    "media.bad_base64": (400, "the data URI's base64 payload is invalid"),
+    "media.bad_data_uri": (400, "the data URI is malformed"),
+    "media.invalid_source": (400, "the image field is not a path, URL, data URI or bytes"),
+    "media.too_large": (413, "the image exceeds --max-image-pixels or is a decompression bomb"),
+    "media.file_too_large": (413, "the file exceeds --max-file-bytes"),
+    "media.unsupported_format": (415, "an image format our install does not decode (e.g. HEIC)"),
+    "media.unsupported_scheme": (415, "a URL scheme we do not fetch (e.g. ftp://)"),
+    "media.decoder_missing": (500, "a decoder our install should have is missing"),
+    "remote.not_found": (404, "the remote server answered 404/410"),
+    "remote.forbidden": (403, "the remote server answered 401/403"),
+    "remote.client_error": (400, "the remote server answered another 4xx"),
+    "remote.unavailable": (503, "refused, DNS failure, 429 or 5xx after all retries"),
+    "remote.timeout": (504, "the fetch timed out after all retries"),
+    "text.empty": (422, "the text is empty after stripping"),
+    "preprocess.failed": (500, "the model's processor or tokenizer failed on this item"),
+    "encode.failed": (500, "the encoder raised on this item (after bisecting its batch)"),
+    "encode.non_finite": (500, "the embedding holds NaN or Inf"),
+    "encode.output_count": (500, "the encoder returned a different number of outputs than inputs"),
+    "encode.token_mismatch": (500, "the encoder produced a different number of tokens than promised"),
+    "encode.out_of_memory": (507, "out of memory with this item alone in its batch"),
+    "write.failed": (500, "the shard holding this item could not be written"),
+    "internal": (500, "an unexpected error in mmenc"),
+}
+
+
+class MMError(Exception):
+    """One item's failure: message, HTTP-style `code`, pipeline `stage`, stable `reason` slug.
+
+    `error` keeps the original exception's type name so reports say what really happened.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        code: int | None = None,
+        stage: str = "encode",
+        reason: str = "internal",
+        error: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        if reason not in REASONS:
+            raise ValueError(f"unknown MMError reason {reason!r}")
+        if stage not in STAGES:
+            raise ValueError(f"unknown MMError stage {stage!r}")
+        self.message = message
+        self.code = int(code if code is not None else REASONS[reason][0])
+        self.stage = stage
+        self.reason = reason
+        self.error = error or "MMError"
+
+    def __reduce__(self):  # picklable across worker processes
+        return (MMError, (self.message, self.code, self.stage, self.reason, self.error))
+
+    def __repr__(self) -> str:
+        return f"MMError({self.code} {self.reason} at {self.stage}: {self.message})"
+
+
+def trim_message(message: str, limit: int = 500) -> str:
+    """Keep a message readable in a report: one line, at most `limit` characters."""
+    message = " ".join(str(message).split())
+    return message if len(message) <= limit else message[: limit - 1] + "…"
+
+
+def classify(exc: BaseException, stage: str) -> MMError:
+    """Map any exception raised while handling one item to an `MMError` (the one place that does)."""
+    if isinstance(exc, MMError):
+        return exc
+    name = type(exc).__name__
+    msg = trim_message(str(exc) or name)
+    if isinstance(exc, FileNotFoundError):
+        return MMError(msg, stage=stage, reason="media.not_found", error=name)
+    if isinstance(exc, PermissionError):
+        return MMError(msg, stage=stage, reason="media.permission_denied", error=name)
+    if isinstance(exc, IsADirectoryError):
+        return MMError(msg, stage=stage, reason="media.is_directory", error=name)
+    if isinstance(exc, MemoryError) or _is_oom(exc):
+        return MMError(msg, stage=stage, reason="encode.out_of_memory", error=name)
+    if isinstance(exc, TimeoutError):
+        return MMError(msg, stage=stage, reason="remote.timeout", error=name)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return MMError(msg, stage=stage, reason="write.failed", error=name)
+    reason = {"preprocess": "preprocess.failed", "encode": "encode.failed",
+              "write": "write.failed"}.get(stage, "internal")
+    return MMError(msg, stage=stage, reason=reason, error=name)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """True for torch's CUDA/MPS out-of-memory errors, without importing torch."""
+    name = type(exc).__name__
+    if name in ("OutOfMemoryError", "OutOfMemory"):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower())
+
+
+# --------------------------------------------------------------------------------------------
+# The error report: JSON lines under OUT/_mmenc/errors/, one file per task and worker.
+
+
+@dataclass(slots=True)
+class ErrorRecord:
+    """One row of the error report. `offset` is what `mmenc errors retry` uses to find the row."""
+
+    id: str | None
+    manifest: str | None
+    line: int | None
+    offset: int | None
+    modality: str | None
+    stage: str
+    code: int
+    reason: str
+    error: str
+    message: str
+    source: str | None = None
+    attempt: int = 1
+    time: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    task: int = 0
+    status: str = "failed"  # "failed", or "resolved" for a marker written when a retry succeeded
+
+    @classmethod
+    def from_error(cls, err: MMError, *, id: str | None, manifest: str | None, line: int | None,
+                   offset: int | None, modality: str | None, source: str | None = None,
+                   attempt: int = 1, task: int = 0) -> "ErrorRecord":
+        """Build a report row from an `MMError` and where the item came from."""
+        return cls(id=id, manifest=manifest, line=line, offset=offset, modality=modality,
+                   stage=err.stage, code=err.code, reason=err.reason, error=err.error,
+                   message=trim_message(err.message), source=source, attempt=attempt, task=task)
+
+    def to_json(self) -> str:
+        """One JSON line (no trailing newline)."""
+        from dataclasses import asdict
+
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+
+class ErrorReportWriter:
+    """Append-only JSON-lines writer for one (task, worker). Flushes every row so a kill loses none."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(path, "a", encoding="utf-8")
+        self.count = 0
+
+    def write(self, record: ErrorRecord) -> None:
+        """Append one row and flush it to the OS."""
+        self._fh.write(record.to_json() + "\n")
+        self._fh.flush()
+        self.count += 1
+
+    def sync(self) -> None:
+        """fsync the report (at shard commits and at the end of the run)."""
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        """Flush, fsync and close."""
+        if not self._fh.closed:
+            self.sync()
+            self._fh.close()
+
+    def __enter__(self) -> "ErrorReportWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def iter_error_records(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+    """Read raw report rows from many report files; a torn last line (killed writer) is skipped."""
+    for path in paths:
+        try:
+            fh = open(path, encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        with fh:
+            for text in fh:
+                text = text.strip()
+                if not text:
+                    continue
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    yield row

@@ -1,0 +1,77 @@
+"""Compact sets of ids: 64-bit hashes in a sorted numpy array, about 8 bytes per member.
+
+Resume and duplicate detection must remember every id of a run without a Python object per row.
+New members go to a small Python set that is merged into the sorted array when it fills up, so
+memory stays near 8 bytes a member (16 bytes briefly during a merge).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+
+import numpy as np
+
+_BUFFER = 1 << 16
+
+
+def id_hash(*parts: str | None) -> int:
+    """A stable 64-bit hash of one key (e.g. id, or id + modality); NUL-separated parts."""
+    data = "\x00".join("" if p is None else p for p in parts).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class HashSet64:
+    """A set of 64-bit hashes: a sorted uint64 array plus a small buffer of recent additions."""
+
+    def __init__(self, hashes: Iterable[int] | np.ndarray = ()) -> None:
+        arr = np.fromiter(hashes, dtype=np.uint64) if not isinstance(hashes, np.ndarray) else hashes
+        self._sorted = np.unique(arr.astype(np.uint64, copy=False))
+        self._buffer: set[int] = set()
+
+    def __len__(self) -> int:
+        return int(self._sorted.size) + len(self._buffer)
+
+    def __contains__(self, h: int) -> bool:
+        if h in self._buffer:
+            return True
+        arr = self._sorted
+        if arr.size == 0:
+            return False
+        i = int(np.searchsorted(arr, np.uint64(h)))
+        return i < arr.size and int(arr[i]) == h
+
+    def add(self, h: int) -> bool:
+        """Add a hash; return False when it was already a member."""
+        if h in self:
+            return False
+        self._buffer.add(h)
+        if len(self._buffer) >= _BUFFER:
+            self._merge()
+        return True
+
+    def update(self, hashes: np.ndarray) -> None:
+        """Add many hashes at once (e.g. the ids of a committed shard)."""
+        self._merge(np.asarray(hashes, dtype=np.uint64))
+
+    def _merge(self, extra: np.ndarray | None = None) -> None:
+        parts = [self._sorted, np.fromiter(self._buffer, dtype=np.uint64, count=len(self._buffer))]
+        if extra is not None:
+            parts.append(extra)
+        self._sorted = np.unique(np.concatenate(parts))
+        self._buffer.clear()
+
+    def to_array(self) -> np.ndarray:
+        """All members, sorted."""
+        self._merge()
+        return self._sorted
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held (the buffer counted at ~64 bytes per entry)."""
+        return int(self._sorted.nbytes) + 64 * len(self._buffer)
+
+
+def hash_many(*columns: Iterable[str | None]) -> np.ndarray:
+    """Hash zipped key columns (e.g. ids and modalities) into a uint64 array."""
+    return np.fromiter((id_hash(*parts) for parts in zip(*columns)), dtype=np.uint64)

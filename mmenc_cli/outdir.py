@@ -1,0 +1,293 @@
+"""The one owner of the output folder's layout.
+
+Rule: data files at the top, everything else under a name starting with `_` or `.`, so Parquet
+readers pointed at OUT see only embeddings::
+
+    OUT/
+      part-t00000-w00-000000.parquet      committed shards (task, worker, sequence; zero-padded)
+      _mmenc/
+        run.json                           fingerprint + config of the output (written once)
+        tasks/task-00000.json              per task: state, counts, timings, versions (last run)
+        errors/errors-t00000-w00.jsonl     error reports, one per task and worker, append-only
+        sidecars/part-....parquet          ids + kept fields of safetensors shards
+        locks/task-00000.lock              one lock per (OUT, task)
+        tmp/                               shards being written (renamed into place when complete)
+
+A shard becomes visible only by an atomic rename after fsync; a run killed at any instant leaves
+a whole shard or none. Leftover temp files of a task are removed when that task starts again.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+META = "_mmenc"
+SHARD_EXTS = (".parquet", ".safetensors")
+_SHARD_RE = re.compile(r"^part-t(\d{5})-w(\d{2})-(\d{6})\.(parquet|safetensors)$")
+
+
+class OutputError(RuntimeError):
+    """The output folder cannot be used (not writable, conflicting options): exit code 3."""
+
+
+class LockBusy(RuntimeError):
+    """Another live process holds this task's lock on OUT: exit code 75."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardName:
+    """A parsed shard file name."""
+
+    task: int
+    worker: int
+    seq: int
+    ext: str
+
+    @property
+    def name(self) -> str:
+        """The file name, e.g. `part-t00003-w00-000012.parquet`."""
+        return shard_name(self.task, self.worker, self.seq, self.ext)
+
+
+def shard_name(task: int, worker: int, seq: int, ext: str) -> str:
+    """The one shard-name function: task, worker and sequence zero-padded."""
+    return f"part-t{task:05d}-w{worker:02d}-{seq:06d}.{ext.lstrip('.')}"
+
+
+def parse_shard_name(name: str) -> ShardName | None:
+    """Parse a shard file name; None for anything else."""
+    m = _SHARD_RE.match(name)
+    if not m:
+        return None
+    return ShardName(int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4))
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename in it survives a crash (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temp name beside `path`, fsync, rename: readers see old or new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True, default=str)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> Any | None:
+    """Read a JSON file; None when absent or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+class OutDir:
+    """Paths and operations on one output folder."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.meta = self.root / META
+
+    # ---- layout -------------------------------------------------------------------------
+    @property
+    def run_meta_path(self) -> Path:
+        return self.meta / "run.json"
+
+    def task_meta_path(self, task: int) -> Path:
+        return self.meta / "tasks" / f"task-{task:05d}.json"
+
+    def error_report_path(self, task: int, worker: int) -> Path:
+        return self.meta / "errors" / f"errors-t{task:05d}-w{worker:02d}.jsonl"
+
+    def error_report_paths(self) -> list[Path]:
+        return sorted((self.meta / "errors").glob("errors-t*-w*.jsonl"))
+
+    def sidecar_path(self, shard: str) -> Path:
+        return self.meta / "sidecars" / (Path(shard).stem + ".parquet")
+
+    def tmp_path(self, name: str) -> Path:
+        return self.meta / "tmp" / f".{name}.tmp"
+
+    def lock_path(self, task: int) -> Path:
+        return self.meta / "locks" / f"task-{task:05d}.lock"
+
+    def task_meta_paths(self) -> list[Path]:
+        return sorted((self.meta / "tasks").glob("task-*.json"))
+
+    # ---- setup --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Create OUT and its `_mmenc` folders; fail with OutputError when not writable."""
+        try:
+            for sub in ("tasks", "errors", "sidecars", "locks", "tmp"):
+                (self.meta / sub).mkdir(parents=True, exist_ok=True)
+            probe = self.meta / "tmp" / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise OutputError(f"output folder {self.root} is not writable: {exc.strerror or exc}") from exc
+
+    def exists(self) -> bool:
+        """True when OUT holds an mmenc output (metadata or shards)."""
+        return self.run_meta_path.exists() or bool(self.shards())
+
+    def wipe(self) -> None:
+        """Remove everything mmenc wrote (shards and `_mmenc`), for --overwrite; other files stay."""
+        for path in self.shards():
+            path.unlink(missing_ok=True)
+        shutil.rmtree(self.meta, ignore_errors=True)
+
+    def clean_tmp(self, task: int) -> int:
+        """Remove this task's leftover temp shards (a killed run's); other tasks' are untouched."""
+        removed = 0
+        for path in (self.meta / "tmp").glob(f".part-t{task:05d}-*"):
+            path.unlink(missing_ok=True)
+            removed += 1
+        for side in (self.meta / "sidecars").glob(f"part-t{task:05d}-*.parquet"):
+            if not any((self.root / (side.stem + ext)).exists() for ext in SHARD_EXTS):
+                side.unlink(missing_ok=True)  # sidecar of a shard whose rename never happened
+                removed += 1
+        return removed
+
+    # ---- shards -------------------------------------------------------------------------
+    def shards(self, ext: str | None = None) -> list[Path]:
+        """Committed shards at the top of OUT, sorted by name."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for entry in os.scandir(self.root):
+            parsed = parse_shard_name(entry.name)
+            if parsed and (ext is None or parsed.ext == ext.lstrip(".")):
+                out.append(Path(entry.path))
+        return sorted(out)
+
+    def next_seq(self, task: int, worker: int) -> int:
+        """The next free shard sequence number for (task, worker)."""
+        seqs = [p.seq for p in (parse_shard_name(s.name) for s in self.shards())
+                if p and p.task == task and p.worker == worker]
+        return max(seqs) + 1 if seqs else 0
+
+    def commit(self, tmp: Path, name: str) -> Path:
+        """Make a fully written, fsynced temp file visible under its final name (atomic rename)."""
+        final = self.root / name
+        if final.exists():
+            raise OutputError(f"shard {name} already exists: two processes share a task and worker")
+        os.replace(tmp, final)
+        fsync_dir(self.root)
+        return final
+
+    # ---- metadata -----------------------------------------------------------------------
+    def read_run_meta(self) -> dict[str, Any] | None:
+        return read_json(self.run_meta_path)
+
+    def write_run_meta(self, data: dict[str, Any]) -> None:
+        write_json_atomic(self.run_meta_path, data)
+
+    def read_task_metas(self) -> list[dict[str, Any]]:
+        return [m for m in (read_json(p) for p in self.task_meta_paths()) if isinstance(m, dict)]
+
+    def write_task_meta(self, task: int, data: dict[str, Any]) -> None:
+        write_json_atomic(self.task_meta_path(task), data)
+
+    # ---- locking ------------------------------------------------------------------------
+    def lock(self, task: int, wait: bool = False, poll: float = 1.0) -> "TaskLock":
+        """Take the lock of (OUT, task); LockBusy when held by a live process and not waiting."""
+        lock = TaskLock(self.lock_path(task))
+        lock.acquire(wait=wait, poll=poll)
+        return lock
+
+
+class TaskLock:
+    """An flock on `_mmenc/locks/task-N.lock` that records host, pid and start time.
+
+    The kernel drops an flock when its process dies, so a lock left by a killed run is stale by
+    construction; the recorded host/pid only serve the message shown to the second run.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def holder(self) -> dict[str, Any] | None:
+        """Who holds (or last held) the lock, as recorded in the file."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+            return json.loads(text) if text.strip() else None
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def acquire(self, wait: bool = False, poll: float = 1.0) -> None:
+        """Take the lock, waiting (polling) when `wait`, else raising LockBusy at once."""
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    os.close(fd)
+                    raise
+                if not wait:
+                    holder = self.holder() or {}
+                    os.close(fd)
+                    who = f"{holder.get('host', '?')} pid {holder.get('pid', '?')} since {holder.get('since', '?')}"
+                    raise LockBusy(f"another mmenc run holds {self.path} ({who}); use --wait-lock to wait") from None
+                time.sleep(poll)
+        info = {"host": socket.gethostname(), "pid": os.getpid(),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (the file stays; its content is informative only)."""
+        if self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "TaskLock":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def iter_shard_keys(out: OutDir) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """Yield (shard, ids, modalities) of every committed shard, reading only those columns."""
+    import pyarrow.parquet as pq
+
+    for shard in out.shards():
+        source = shard if shard.suffix == ".parquet" else out.sidecar_path(shard.name)
+        table = pq.read_table(source, columns=["id", "modality"])
+        yield shard, table.column("id").to_pylist(), table.column("modality").to_pylist()

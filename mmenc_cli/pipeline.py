@@ -1,0 +1,666 @@
+"""Wiring the stages: manifest rows -> items -> decode workers -> micro-batches -> shards.
+
+`run_encode(cfg)` is the whole `mmenc encode` for one task (and one worker/device). It never
+raises for a bad item: every requested item ends as an embedding in a committed shard or as one
+row in the error report. It raises only for run-level problems (`OutputError`, `LockBusy`,
+`ModelLoadError`, `ConfigError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import __version__
+from .config import ConfigError, RunConfig
+from .errors import ErrorRecord, ErrorReportWriter, MMError, classify, iter_error_records
+from .idset import HashSet64, id_hash
+from .outdir import OutDir, OutputError, iter_shard_keys, read_json
+from .records import MODALITIES, InvalidRow, Item, ManifestRow
+
+log = logging.getLogger("mmenc")
+
+RETRYABLE_CODES = frozenset({503, 504})
+#: options that change the vectors or the output's schema: a run must match the output's
+FINGERPRINT_KEYS = ("model", "model_stamp", "revision", "pooling", "dtype", "normalize", "text_prefix",
+                    "max_length", "format", "out_dtype", "keep")
+
+
+# ------------------------------------------------------------------------------------------
+# Counters and results
+
+
+@dataclass
+class ModalityStats:
+    """Per-modality outcome counts of one run."""
+
+    requested: int = 0
+    encoded: int = 0
+    encoded_before: int = 0
+    failed: dict[int, int] = field(default_factory=dict)
+    failed_before: int = 0
+    skipped: int = 0
+    truncated: int = 0
+
+    @property
+    def failed_total(self) -> int:
+        return sum(self.failed.values())
+
+
+@dataclass
+class Counters:
+    """Everything the summary and the run metadata count."""
+
+    rows: int = 0
+    invalid: int = 0
+    invalid_before: int = 0
+    rows_skipped: int = 0
+    modalities: dict[str, ModalityStats] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=lambda: {"read": 0.0, "decode": 0.0, "encode": 0.0, "write": 0.0})
+
+    def mod(self, modality: str) -> ModalityStats:
+        return self.modalities.setdefault(modality, ModalityStats())
+
+    @property
+    def requested(self) -> int:
+        return sum(m.requested for m in self.modalities.values())
+
+    @property
+    def encoded(self) -> int:
+        return sum(m.encoded + m.encoded_before for m in self.modalities.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(m.failed_total + m.failed_before for m in self.modalities.values()) + self.invalid + self.invalid_before
+
+    @property
+    def failed_now(self) -> int:
+        return sum(m.failed_total for m in self.modalities.values()) + self.invalid
+
+    @property
+    def balanced(self) -> bool:
+        """items requested + invalid lines == encoded + failed."""
+        return self.requested + self.invalid + self.invalid_before == self.encoded + self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(requested=self.requested, encoded=self.encoded, failed=self.failed, balanced=self.balanced)
+        return d
+
+
+@dataclass
+class RunResult:
+    """What one run did; the CLI turns it into a summary and an exit code."""
+
+    out: str
+    task: int
+    state: str  # "done", "interrupted", "stopped" (fail-fast)
+    counters: Counters
+    facts: dict[str, Any]
+    elapsed: float
+    threshold_exceeded: str | None = None
+    signal: int | None = None
+    model_loaded: bool = False
+    events: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------
+# Fingerprint and metadata
+
+
+def model_stamp(model: str) -> str | None:
+    """For a local model folder: a hash of its config and weight file sizes (None for hub ids)."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(path)):
+        p = path / name
+        if name.endswith(".json") and p.is_file() and p.stat().st_size < 1 << 20:
+            h.update(name.encode() + p.read_bytes())
+        elif name.endswith((".safetensors", ".bin")):
+            h.update(f"{name}:{p.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
+    """The options that change the vectors or schema, with the dtype already resolved."""
+    m = cfg.model
+    path = Path(m.model).expanduser()
+    return {
+        "model": str(path.resolve()) if path.is_dir() else m.model,
+        "model_stamp": model_stamp(m.model),
+        "revision": m.revision,
+        "pooling": m.pooling,
+        "dtype": dtype,
+        "normalize": m.normalize,
+        "text_prefix": m.text_prefix,
+        "max_length": m.max_length,
+        "format": cfg.writer.format,
+        "out_dtype": cfg.writer.out_dtype,
+        "keep": list(cfg.manifest.keep),
+    }
+
+
+def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable differences between two fingerprints."""
+    return [f"{k}: output has {old.get(k)!r}, this run {new.get(k)!r}" for k in FINGERPRINT_KEYS if old.get(k) != new.get(k)]
+
+
+def resolved_dtype(cfg: RunConfig) -> str:
+    """The compute dtype name this run will use (imports torch only when the device is 'auto')."""
+    from .encoders import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg.model.devices[0])
+    return str(resolve_dtype(cfg.model.dtype, device)).replace("torch.", "")
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape the vectors, for the run metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"mmenc": __version__, "python": platform.python_version()}
+    for name in ("torch", "transformers", "pillow", "pyarrow", "safetensors", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# The run
+
+
+ProgressFn = Callable[[Counters], None]
+
+
+class EncodeRun:
+    """One task's (and one worker's) encode run. Use `run_encode`."""
+
+    def __init__(self, cfg: RunConfig, worker: int = 0, worker_count: int = 1,
+                 encoder_factory: Callable[..., Any] | None = None, progress: ProgressFn | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.cfg = cfg
+        self.task = cfg.task_index
+        self.worker = worker
+        self.worker_count = worker_count
+        self.out = OutDir(cfg.writer.out)
+        self.encoder_factory = encoder_factory
+        self.progress = progress or (lambda c: None)
+        self.stop = stop or threading.Event()
+        self.counters = Counters()
+        self.encoder: Any = None
+        self.facts: dict[str, Any] = {}
+        self.events: list[str] = []
+        self._errors: ErrorReportWriter | None = None
+        self._errors_lock = threading.Lock()
+        self._attempts: dict[int, int] = {}
+        self._stopped_by: str | None = None
+
+    # -- setup ----------------------------------------------------------------------------
+    def _check_output(self, fp: dict[str, Any]) -> dict[str, Any] | None:
+        """Compare with the output's recorded fingerprint; return its facts when they match."""
+        meta = self.out.read_run_meta()
+        if meta is None:
+            if self.out.shards():
+                raise OutputError(f"{self.out.root} holds shards but no {self.out.run_meta_path.name}: "
+                                  "not an mmenc output, or damaged; use --overwrite to start over")
+            return None
+        diff = fingerprint_diff(meta.get("fingerprint", {}), fp)
+        if diff:
+            raise OutputError(f"{self.out.root} was written with other options ({'; '.join(diff)}); "
+                              "use the same options, another --out, or --overwrite to start over")
+        return meta.get("facts")
+
+    def _load_encoder(self) -> None:
+        if self.encoder is not None:
+            return
+        factory = self.encoder_factory
+        if factory is None:
+            from .encoders import load_encoder as factory
+        device = self.cfg.model.devices[self.worker % len(self.cfg.model.devices)]
+        t0 = time.perf_counter()
+        self.encoder = factory(self.cfg.model, device=device)
+        log.info("model %s loaded in %.1f s", self.cfg.model.model, time.perf_counter() - t0)
+
+    def _facts_from_encoder(self, dtype: str) -> dict[str, Any]:
+        enc = self.encoder
+        info = dict(getattr(enc, "info", {}) or {})
+        normalize = self.cfg.model.normalize
+        if normalize is None:
+            normalize = bool(enc.default_normalize)
+        out_dtype = self.cfg.writer.out_dtype or ("float16" if enc.output_kind == "tokens" else "float32")
+        return {**info, "model": self.cfg.model.model, "revision": info.get("revision"), "dim": int(enc.dim),
+                "modalities": sorted(enc.modalities), "normalize": normalize, "dtype": dtype,
+                "out_dtype": out_dtype, "output_kind": enc.output_kind, "mmenc_version": __version__}
+
+    def _load_history(self) -> tuple[HashSet64, HashSet64, HashSet64]:
+        """Done items (committed shards), earlier permanent failures, earlier invalid lines."""
+        done = HashSet64()
+        for _shard, ids, mods in iter_shard_keys(self.out):
+            done.update(__import__("numpy").fromiter((id_hash(i, m) for i, m in zip(ids, mods)),
+                                                     dtype="uint64", count=len(ids)))
+        failed, invalid = HashSet64(), HashSet64()
+        for row in iter_error_records(self.out.error_report_paths()):
+            if row.get("status") != "failed":
+                continue
+            if row.get("modality") is None:
+                invalid.add(id_hash(row.get("manifest"), str(row.get("offset"))))
+                continue
+            key = id_hash(row.get("id"), row.get("modality"))
+            self._attempts[key] = max(self._attempts.get(key, 0), int(row.get("attempt") or 1))
+            if int(row.get("code") or 500) not in RETRYABLE_CODES:
+                failed.add(id_hash(row.get("id"), row.get("modality"), row.get("manifest")))
+        return done, failed, invalid
+
+    # -- error rows -----------------------------------------------------------------------
+    def _record(self, err: MMError, *, row: ManifestRow | None = None, invalid: InvalidRow | None = None,
+                modality: str | None = None) -> None:
+        from .media import describe_source
+
+        if row is not None:
+            key = id_hash(row.id, modality)
+            attempt = self._attempts.get(key, 0) + 1
+            source = describe_source(row.image) if modality == "image" else None
+            rec = ErrorRecord.from_error(err, id=row.id, manifest=row.manifest, line=row.line, offset=row.offset,
+                                         modality=modality, source=source, attempt=attempt, task=self.task)
+            self.counters.mod(modality or "").failed[err.code] = self.counters.mod(modality or "").failed.get(err.code, 0) + 1
+        else:
+            assert invalid is not None
+            rec = ErrorRecord.from_error(err, id=invalid.id, manifest=invalid.manifest, line=invalid.line,
+                                         offset=invalid.offset, modality=None, task=self.task)
+            self.counters.invalid += 1
+        with self._errors_lock:
+            assert self._errors is not None
+            self._errors.write(rec)
+        if self.cfg.fail_fast and self._stopped_by is None:
+            self._stopped_by = "fail-fast"
+            self.stop.set()
+
+    # -- main -----------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        t_start = time.perf_counter()
+        cfg = self.cfg
+        if cfg.overwrite and self.worker == 0:
+            self.out.wipe()
+        self.out.prepare()
+        with self.out.lock(self._lock_id, wait=cfg.wait_lock):
+            self.out.clean_tmp(self.task) if self.worker == 0 else None
+            dtype = resolved_dtype(cfg)
+            fp = fingerprint(cfg, dtype)
+            facts = self._check_output(fp)
+            if facts is None:
+                self._load_encoder()
+                facts = self._facts_from_encoder(dtype)
+                self.out.write_run_meta({"fingerprint": fp, "facts": facts, "config": cfg.to_dict(),
+                                         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                         "versions": library_versions()})
+            self.facts = facts
+            modalities = tuple(cfg.modalities or facts["modalities"])
+            missing = [m for m in modalities if m not in facts["modalities"]]
+            if missing:
+                raise OutputError(f"model {cfg.model.model} cannot encode {', '.join(missing)} "
+                                  f"(it supports: {', '.join(facts['modalities'])})")
+            self._write_task_meta("running", t_start)
+            self._errors = ErrorReportWriter(self.out.error_report_path(self.task, self.worker))
+            try:
+                self._loop(modalities)
+            finally:
+                self._errors.close()
+            state = "done"
+            if self.stop.is_set():
+                state = "stopped" if self._stopped_by == "fail-fast" else "interrupted"
+            result = RunResult(out=str(self.out.root), task=self.task, state=state, counters=self.counters,
+                               facts=facts, elapsed=time.perf_counter() - t_start,
+                               model_loaded=self.encoder is not None, events=self.events)
+            result.threshold_exceeded = self._threshold()
+            self._write_task_meta(state, t_start, result)
+            return result
+
+    @property
+    def _lock_id(self) -> int:
+        return self.task if self.worker_count == 1 else self.task * 1000 + self.worker
+
+    def _threshold(self) -> str | None:
+        c, cfg = self.counters, self.cfg
+        failed = c.failed
+        if cfg.max_errors is not None and failed > cfg.max_errors:
+            return f"{failed} errors > --max-errors {cfg.max_errors}"
+        total = c.requested + c.invalid + c.invalid_before
+        if cfg.max_error_rate is not None and total and failed / total > cfg.max_error_rate:
+            return f"error rate {failed / total:.2%} > --max-error-rate {cfg.max_error_rate:.2%}"
+        return None
+
+    def _write_task_meta(self, state: str, t_start: float, result: RunResult | None = None) -> None:
+        meta_path = self.out.task_meta_path(self._lock_id)
+        data = {"task": self.task, "worker": self.worker, "task_count": self.cfg.task_count, "state": state,
+                "host": platform.node(), "pid": os.getpid(),
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "manifests": list(self.cfg.manifests),
+                "counters": self.counters.to_dict(), "elapsed": time.perf_counter() - t_start,
+                "versions": library_versions(), "config": self.cfg.to_dict(),
+                "threshold_exceeded": result.threshold_exceeded if result else None,
+                "events": self.events[-50:]}
+        if result is not None:
+            data["model_loaded"] = result.model_loaded
+        previous = read_json(meta_path)
+        if state == "running" and isinstance(previous, dict):
+            data["previous_state"] = previous.get("state")
+        self.out.write_task_meta(self._lock_id, data)
+
+    # -- the loop -------------------------------------------------------------------------
+    def _rows(self) -> Iterator[ManifestRow | InvalidRow]:
+        from .manifest import iter_rows
+
+        it = iter_rows(list(self.cfg.manifests), self.cfg.manifest, self.task, self.cfg.task_count)
+        index = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                rec = next(it)
+            except StopIteration:
+                return
+            finally:
+                self.counters.seconds["read"] += time.perf_counter() - t0
+            if self.worker_count > 1:
+                index += 1
+                if (index - 1) % self.worker_count != self.worker:
+                    continue
+            yield rec
+
+    def _loop(self, modalities: tuple[str, ...]) -> None:
+        done, failed_before, invalid_before = self._load_history()
+        seen = HashSet64()
+        stage = _Stages(self, modalities)
+        try:
+            for rec in self._rows():
+                if self.stop.is_set():
+                    break
+                self.counters.rows += 1
+                if isinstance(rec, InvalidRow):
+                    self._invalid(rec, invalid_before)
+                    continue
+                if not seen.add(id_hash(rec.id)):
+                    dup = InvalidRow(rec.manifest, rec.line, rec.offset, id=rec.id, error=MMError(
+                        f"id {rec.id!r} is already used by an earlier row of this run",
+                        stage="validate", reason="manifest.duplicate_id"))
+                    self._invalid(dup, invalid_before)
+                    continue
+                present = 0
+                for modality in modalities:
+                    value = rec.image if modality == "image" else rec.text
+                    if value is None:
+                        self.counters.mod(modality).skipped += 1
+                        continue
+                    present += 1
+                    ms = self.counters.mod(modality)
+                    ms.requested += 1
+                    if id_hash(rec.id, modality) in done:
+                        ms.encoded_before += 1
+                    elif id_hash(rec.id, modality, rec.manifest) in failed_before:
+                        ms.failed_before += 1
+                    else:
+                        stage.add(Item(rec, modality))
+                if not present:
+                    self.counters.rows_skipped += 1
+                stage.pump()
+            stage.finish(interrupted=self.stop.is_set())
+        except BaseException:
+            stage.abort()
+            raise
+
+    def _invalid(self, inv: InvalidRow, invalid_before: HashSet64) -> None:
+        if id_hash(inv.manifest, str(inv.offset)) in invalid_before:
+            self.counters.invalid_before += 1
+        else:
+            self._record(inv.error, invalid=inv)
+
+
+class _Stages:
+    """The decode -> batch -> encode -> write machinery of one run."""
+
+    def __init__(self, run: EncodeRun, modalities: tuple[str, ...]) -> None:
+        self.run = run
+        self.cfg = run.cfg
+        self.modalities = modalities
+        self.batch_size = self.cfg.batch.batch_size
+        self.texts: list[tuple[Item, str]] = []
+        self.images: list[tuple[Item, Any]] = []
+        self.image_chunk: list[Item] = []
+        self.pool: Any = None
+        self.runner: Any = None
+        self.shard: Any = None
+        self.writer: _ShardCommitter | None = None
+        self.normalize = bool(run.facts.get("normalize"))
+        self.keep = tuple(self.cfg.manifest.keep)
+
+    # -- lazily built parts (a finished re-run never loads the model) ----------------------
+    def _ensure_ready(self) -> None:
+        if self.runner is not None:
+            return
+        from .batching import BatchRunner
+        from .writers import make_writer
+
+        run = self.run
+        run._load_encoder()
+        enc = run.encoder
+        self.runner = BatchRunner(self._encode_fn, self.batch_size, grow_after=self.cfg.batch.grow_after,
+                                  free_memory=_free_device_memory, check=getattr(enc, "check_outputs", None))
+        writer = make_writer(self.cfg.writer.format, run.out, run.facts, run.facts["out_dtype"], self.keep)
+        self.writer = _ShardCommitter(run, writer)
+        self._new_shard()
+
+    def _ensure_pool(self) -> None:
+        if self.pool is None:
+            from .decode import DecodePool
+
+            self._ensure_ready()
+            workers = self.cfg.batch.resolved_workers
+            self.pool = DecodePool(self.run.encoder.image_preprocessor(), self.cfg.media, workers,
+                                   max_in_flight=self.batch_size * self.cfg.batch.prefetch_batches)
+
+    def _new_shard(self) -> None:
+        from .writers import ShardData
+
+        self.shard = ShardData(keep={k: [] for k in self.keep})
+
+    def _encode_fn(self, modality: str, payloads: Any) -> Any:
+        out = self.run.encoder.encode(modality, payloads)
+        if self.normalize and self.run.encoder.output_kind == "pooled":
+            import torch
+
+            out.vectors = torch.nn.functional.normalize(out.vectors.float(), p=2, dim=-1)
+        return out
+
+    # -- feeding --------------------------------------------------------------------------
+    def add(self, item: Item) -> None:
+        """Accept one pending item."""
+        if item.modality == "text":
+            text = self.cfg.model.text_prefix + item.row.text  # type: ignore[operator]
+            if not item.row.text.strip():  # type: ignore[union-attr]
+                self.run._record(MMError("text is empty after stripping whitespace", stage="validate",
+                                         reason="text.empty"), row=item.row, modality="text")
+                return
+            self._ensure_ready()
+            self.texts.append((item, text))
+        else:
+            self._ensure_pool()
+            self.image_chunk.append(item)
+            if len(self.image_chunk) >= max(1, min(8, self.batch_size)):
+                self._submit_images()
+
+    def _submit_images(self) -> None:
+        if self.image_chunk:
+            chunk, self.image_chunk = self.image_chunk, []
+            self.pool.submit(chunk, [(it.row.image, it.row.base_dir) for it in chunk])
+
+    def pump(self) -> None:
+        """Encode whatever is ready: full text buckets, finished decodes, full image batches."""
+        if len(self.texts) >= self.batch_size * 8:
+            self._encode_texts(final=False)
+        if self.pool is not None:
+            for chunk, results in self.pool.ready():
+                self._collect(chunk, results)
+            while len(self.images) >= self.batch_size:
+                self._encode_images(self.images[: self.batch_size])
+                self.images = self.images[self.batch_size:]
+
+    def _collect(self, chunk: list[Item], results: list[Any]) -> None:
+        secs = self.run.counters.seconds
+        for item, dec in zip(chunk, results):
+            secs["decode"] += sum(dec.seconds)
+            if dec.error is not None:
+                self.run._record(dec.error, row=item.row, modality="image")
+            else:
+                self.images.append((item, dec.value))
+
+    def finish(self, interrupted: bool) -> None:
+        """Flush everything (or, when interrupted, commit what is encoded and drop the rest)."""
+        try:
+            if not interrupted:
+                self._submit_images()
+                if self.pool is not None:
+                    for chunk, results in self.pool.drain():
+                        self._collect(chunk, results)
+                        while len(self.images) >= self.batch_size:
+                            self._encode_images(self.images[: self.batch_size])
+                            self.images = self.images[self.batch_size:]
+                if self.images:
+                    self._encode_images(self.images)
+                    self.images = []
+                self._encode_texts(final=True)
+            if self.writer is not None:
+                self._flush_shard()
+                self.writer.close()
+        finally:
+            if self.pool is not None:
+                self.pool.close(kill=interrupted)
+
+    def abort(self) -> None:
+        """Stop workers and the writer thread after an unexpected error."""
+        if self.pool is not None:
+            self.pool.close(kill=True)
+        if self.writer is not None:
+            self.writer.close()
+
+    # -- encoding -------------------------------------------------------------------------
+    def _encode_texts(self, final: bool) -> None:
+        if not self.texts:
+            return
+        # length bucketing: sort a window of texts by length so each batch pads little
+        self.texts.sort(key=lambda t: len(t[1]))
+        bs = self.batch_size
+        cut = len(self.texts) if final else (len(self.texts) // bs) * bs
+        window, self.texts = self.texts[:cut], self.texts[cut:]
+        for start in range(0, len(window), bs * 4):
+            part = window[start:start + bs * 4]
+            self._encode("text", [p[0] for p in part], [p[1] for p in part])
+            if self.run.stop.is_set():
+                return
+
+    def _encode_images(self, batch: list[tuple[Item, Any]]) -> None:
+        self._encode("image", [b[0] for b in batch], [b[1] for b in batch])
+
+    def _encode(self, modality: str, items: list[Item], payloads: list[Any]) -> None:
+        t0 = time.perf_counter()
+        outcomes = self.runner.run(modality, payloads)
+        self.run.counters.seconds["encode"] += time.perf_counter() - t0
+        ms = self.run.counters.mod(modality)
+        for item, oc in zip(items, outcomes):
+            if oc.error is not None:
+                self.run._record(oc.error, row=item.row, modality=modality)
+                continue
+            ms.encoded += 1
+            ms.truncated += int(oc.truncated)
+            self.shard.add(item.row.id, modality, oc.value, item.row.keep, item.row)
+            if len(self.shard) >= self.cfg.writer.shard_size:
+                self._flush_shard()
+        for ev in self.runner.stats.events:
+            self.run.events.append(ev)
+        self.runner.stats.events.clear()
+        self.run.progress(self.run.counters)
+
+    def _flush_shard(self) -> None:
+        if self.shard is not None and len(self.shard):
+            assert self.writer is not None
+            self.writer.submit(self.shard)
+            self._new_shard()
+
+
+class _ShardCommitter:
+    """Writes shards on a background thread (off the encode loop), in order, at most 2 queued.
+
+    A shard that cannot be written turns each of its items into a `write.failed` error row.
+    """
+
+    def __init__(self, run: EncodeRun, writer: Any) -> None:
+        self.run = run
+        self.writer = writer
+        self.seq = run.out.next_seq(run.task, run.worker)
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self.thread = threading.Thread(target=self._work, name="mmenc-writer", daemon=True)
+        self.thread.start()
+        self.committed = 0
+
+    def submit(self, shard: Any) -> None:
+        from .outdir import shard_name
+
+        name = shard_name(self.run.task, self.run.worker, self.seq, self.writer.ext)
+        self.seq += 1
+        self.queue.put((shard, name))
+
+    def _work(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            shard, name = job
+            t0 = time.perf_counter()
+            try:
+                self.writer.write(shard, name)
+                self.committed += 1
+                if self.run._errors is not None:
+                    with self.run._errors_lock:
+                        self.run._errors.sync()
+            except Exception as exc:  # the shard's items become error rows; the run goes on
+                err = MMError(f"could not write shard {name}: {exc}", stage="write", reason="write.failed",
+                              error=type(exc).__name__)
+                for row, mod in zip(shard.refs, shard.modalities):
+                    self.run.counters.mod(mod).encoded -= 1
+                    self.run._record(err, row=row, modality=mod)
+            finally:
+                self.run.counters.seconds["write"] += time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+
+
+def _free_device_memory() -> None:
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:  # freeing memory is best effort
+        pass
+
+
+def run_encode(cfg: RunConfig, *, worker: int = 0, worker_count: int = 1, encoder_factory: Callable[..., Any] | None = None,
+               progress: ProgressFn | None = None, stop: threading.Event | None = None) -> RunResult:
+    """Run `mmenc encode` for one task (and one worker of it). See the module docstring."""
+    return EncodeRun(cfg, worker=worker, worker_count=worker_count, encoder_factory=encoder_factory,
+                     progress=progress, stop=stop).run()

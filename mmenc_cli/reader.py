@@ -1,0 +1,137 @@
+"""Reading outputs back without torch: `read_embeddings` and the checks behind `mmenc inspect`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .outdir import OutDir, parse_shard_name
+
+
+def _shard_meta(path: Path) -> dict[str, Any]:
+    """The `mmenc` metadata recorded in a shard (Parquet schema metadata / safetensors header)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        raw = (pq.read_schema(path).metadata or {}).get(b"mmenc")
+        return json.loads(raw) if raw else {}
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as fh:
+        raw = (fh.metadata() or {}).get("mmenc")
+    return json.loads(raw) if raw else {}
+
+
+def _read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str], list[str], np.ndarray]:
+    """ids, modalities and a float32 matrix of one shard (rows of `modality` only when given)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path, columns=["id", "modality", "embedding"])
+        mods = table.column("modality").to_pylist()
+        ids = table.column("id").to_pylist()
+        emb = table.column("embedding").combine_chunks()
+        dim = emb.type.list_size
+        matrix = emb.values.to_numpy(zero_copy_only=False).reshape(-1, dim).astype(np.float32)
+        if modality is not None:
+            keep = np.array([m == modality for m in mods], dtype=bool)
+            ids = [i for i, k in zip(ids, keep) if k]
+            mods = [m for m, k in zip(mods, keep) if k]
+            matrix = matrix[keep]
+        return ids, mods, matrix
+    import pyarrow.parquet as pq
+    from safetensors import safe_open
+
+    side = pq.read_table(out.sidecar_path(path.name))
+    ids = side.column("id").to_pylist()
+    mods = side.column("modality").to_pylist()
+    rows = side.column("row").to_pylist()
+    with safe_open(str(path), framework="numpy") as fh:
+        tensors = {k: fh.get_tensor(k).astype(np.float32) for k in fh.keys()}
+    sel = [i for i, m in enumerate(mods) if modality is None or m == modality]
+    if not sel:
+        return [], [], np.zeros((0, 0), np.float32)
+    matrix = np.stack([tensors[mods[i]][rows[i]] for i in sel])
+    return [ids[i] for i in sel], [mods[i] for i in sel], matrix
+
+
+def read_embeddings(out: str | Path, modality: str = "image") -> tuple[list[str], np.ndarray]:
+    """Return (ids, float32 matrix [n, dim]) of one modality from a Parquet or safetensors output."""
+    od = OutDir(out)
+    all_ids: list[str] = []
+    parts: list[np.ndarray] = []
+    for shard in od.shards():
+        ids, _, matrix = _read_shard(od, shard, modality)
+        if ids:
+            all_ids.extend(ids)
+            parts.append(matrix)
+    if not parts:
+        return [], np.zeros((0, 0), dtype=np.float32)
+    return all_ids, np.concatenate(parts)
+
+
+@dataclass
+class InspectReport:
+    """What `mmenc inspect` found: counts, facts and problems (a non-empty `problems` fails)."""
+
+    embeddings: int = 0
+    by_modality: dict[str, int] = field(default_factory=dict)
+    dim: int | None = None
+    dtype: str | None = None
+    model: str | None = None
+    revision: str | None = None
+    format: str | None = None
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def inspect_output(out: str | Path) -> InspectReport:
+    """Read every shard, check it is readable and agrees with the run metadata."""
+    od = OutDir(out)
+    report = InspectReport()
+    run = od.read_run_meta() or {}
+    facts = run.get("facts", {})
+    report.dim, report.model = facts.get("dim"), facts.get("model")
+    report.revision, report.dtype = facts.get("revision"), facts.get("out_dtype")
+    report.format = (run.get("config", {}).get("writer") or {}).get("format")
+    if not od.root.is_dir():
+        report.problems.append(f"{od.root}: no such folder")
+        return report
+    if not run:
+        report.problems.append(f"{od.run_meta_path}: missing run metadata (not an mmenc output?)")
+    for shard in od.shards():
+        entry: dict[str, Any] = {"name": shard.name, "rows": 0, "ok": True}
+        try:
+            meta = _shard_meta(shard)
+            ids, mods, matrix = _read_shard(od, shard, None)
+            entry["rows"] = len(ids)
+            for m in mods:
+                report.by_modality[m] = report.by_modality.get(m, 0) + 1
+            report.embeddings += len(ids)
+            dim = int(matrix.shape[1]) if matrix.size else meta.get("dim")
+            if report.dim is None:
+                report.dim = dim
+            if dim is not None and report.dim is not None and dim != report.dim:
+                raise ValueError(f"dim {dim} differs from the run's dim {report.dim}")
+            if meta and facts and meta.get("model") != facts.get("model"):
+                raise ValueError(f"model {meta.get('model')!r} differs from the run's {facts.get('model')!r}")
+            if len(ids) != len(mods) or (matrix.size and matrix.shape[0] != len(ids)):
+                raise ValueError("row counts of ids and embeddings differ")
+        except Exception as exc:  # any unreadable shard is a finding, not a crash
+            entry["ok"] = False
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            report.problems.append(f"{shard.name}: {entry['error']}")
+        parsed = parse_shard_name(shard.name)
+        entry["task"] = parsed.task if parsed else None
+        report.shards.append(entry)
+    return report

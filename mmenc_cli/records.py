@@ -1,0 +1,57 @@
+"""Typed records passed between the pipeline's stages (never dicts with magic keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import MMError
+
+MODALITIES = ("image", "text")
+
+
+@dataclass(slots=True)
+class ManifestRow:
+    """One valid manifest row.
+
+    `image` is what the manifest holds for the image: a str (path, file://, http(s)://, data: URI)
+    or bytes (Parquet inline bytes); relative paths are resolved against `base_dir` by the media
+    stage. `keep` holds the fields named with --keep. `offset` is the byte offset of the row in a
+    JSONL/CSV manifest or the row index in a Parquet one; `line` is 1-based where known.
+    """
+
+    id: str
+    manifest: str
+    line: int | None
+    offset: int | None
+    image: str | bytes | None = None
+    text: str | None = None
+    keep: dict[str, Any] = field(default_factory=dict)
+    base_dir: str = "."
+
+
+@dataclass(slots=True)
+class InvalidRow:
+    """A manifest line that is not a valid row: it becomes one error row with modality null."""
+
+    manifest: str
+    line: int | None
+    offset: int | None
+    error: MMError
+    id: str | None = None
+
+
+@dataclass(slots=True)
+class Item:
+    """One (row, modality) to encode."""
+
+    row: ManifestRow
+    modality: str
+
+
+@dataclass(slots=True)
+class Failure:
+    """One item that failed, with the `MMError` saying where and why."""
+
+    item: Item
+    error: MMError

@@ -1,0 +1,132 @@
+"""Reading the error reports of many tasks: latest outcome per item, summaries, retry manifests.
+
+An item's latest outcome wins: an item that failed and was later encoded (it is in a committed
+shard) is resolved and no longer counted; an item that failed several times counts once, with
+its latest error. Lines that were never valid rows (modality null) are keyed by manifest+offset.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .errors import iter_error_records
+from .idset import HashSet64, id_hash
+from .outdir import OutDir, iter_shard_keys
+
+
+def _key(row: dict[str, Any]) -> tuple[Any, ...]:
+    if row.get("modality") is None:
+        return ("line", row.get("manifest"), row.get("offset"))
+    return ("item", row.get("id"), row.get("modality"))
+
+
+def latest_errors(out: str | Path) -> list[dict[str, Any]]:
+    """The current failures of an output: latest row per item, minus items encoded since."""
+    od = OutDir(out)
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in iter_error_records(od.error_report_paths()):
+        key = _key(row)
+        old = latest.get(key)
+        if old is None or (int(row.get("attempt") or 1), str(row.get("time"))) >= (int(old.get("attempt") or 1), str(old.get("time"))):
+            latest[key] = row
+    if not latest:
+        return []
+    done = HashSet64()
+    for _shard, ids, mods in iter_shard_keys(od):
+        for i, m in zip(ids, mods):
+            done.add(id_hash(i, m))
+    return [r for k, r in latest.items() if not (k[0] == "item" and id_hash(r.get("id"), r.get("modality")) in done)]
+
+
+def filter_errors(rows: Iterable[dict[str, Any]], code: list[int] | None = None, reason: list[str] | None = None,
+                  stage: list[str] | None = None, modality: list[str] | None = None,
+                  grep: str | None = None) -> list[dict[str, Any]]:
+    """Rows matching every given filter (each filter a list of accepted values)."""
+    out = []
+    for r in rows:
+        if code and int(r.get("code") or 0) not in code:
+            continue
+        if reason and r.get("reason") not in reason:
+            continue
+        if stage and r.get("stage") not in stage:
+            continue
+        if modality and (r.get("modality") or "none") not in modality:
+            continue
+        if grep and grep.lower() not in json.dumps(r, ensure_ascii=False).lower():
+            continue
+        out.append(r)
+    return out
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts by code, reason, stage and modality, and one example message per (code, reason)."""
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        g = (r.get("code"), r.get("reason"), r.get("stage"), r.get("modality"))
+        entry = groups.setdefault(g, {"code": g[0], "reason": g[1], "stage": g[2], "modality": g[3], "count": 0,
+                                      "example": r.get("message"), "example_id": r.get("id")})
+        entry["count"] += 1
+    return {
+        "errors": len(rows),
+        "by_code": dict(Counter(str(r.get("code")) for r in rows)),
+        "by_reason": dict(Counter(str(r.get("reason")) for r in rows)),
+        "by_stage": dict(Counter(str(r.get("stage")) for r in rows)),
+        "by_modality": dict(Counter(str(r.get("modality") or "none") for r in rows)),
+        "by_task": dict(Counter(str(r.get("task", 0)) for r in rows)),
+        "groups": sorted(groups.values(), key=lambda e: (-e["count"], str(e["code"]), str(e["reason"]))),
+    }
+
+
+def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Rebuild the original manifest rows of failed items: absolute image paths (inline bytes as
+    data URIs), kept fields, and only the failed modalities' fields. Invalid lines are skipped."""
+    from .manifest import read_raw_row
+
+    od = OutDir(out)
+    cfg = (od.read_run_meta() or {}).get("config", {}).get("manifest", {})
+    id_key, image_key, text_key = cfg.get("id_key", "id"), cfg.get("image_key", "image"), cfg.get("text_key", "text")
+    by_row: dict[tuple[str, int], set[str]] = {}
+    for r in rows:
+        if r.get("modality") is None or r.get("manifest") in (None, "") or r.get("offset") is None:
+            continue
+        by_row.setdefault((r["manifest"], int(r["offset"])), set()).add(r["modality"])
+    for (manifest, offset), modalities in sorted(by_row.items()):
+        raw = dict(read_raw_row(manifest, offset))
+        if "image" not in modalities:
+            raw.pop(image_key, None)
+        else:
+            raw[image_key] = _absolute_image(raw.get(image_key), os.path.dirname(os.path.abspath(manifest)))
+        if "text" not in modalities:
+            raw.pop(text_key, None)
+        if isinstance(raw.get(id_key), int):
+            raw[id_key] = str(raw[id_key])
+        yield {k: _jsonable(v) for k, v in raw.items()}
+
+
+def _absolute_image(value: Any, base: str) -> Any:
+    if isinstance(value, dict):  # Hugging Face {bytes, path}
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        return _data_uri(bytes(value))
+    if isinstance(value, str) and value and "://" not in value and not value.startswith("data:"):
+        return os.path.abspath(os.path.join(base, os.path.expanduser(value)))
+    return value
+
+
+def _jsonable(v: Any) -> Any:
+    return _data_uri(bytes(v)) if isinstance(v, (bytes, bytearray)) else v
+
+
+_MAGIC = {b"\x89PNG": "png", b"\xff\xd8": "jpeg", b"GIF8": "gif", b"RIFF": "webp", b"BM": "bmp", b"II*": "tiff",
+          b"MM\x00*": "tiff"}
+
+
+def _data_uri(data: bytes) -> str:
+    """Inline bytes as a data URI (the media type sniffed from the magic number; Pillow decodes by content)."""
+    kind = next((k for magic, k in _MAGIC.items() if data.startswith(magic)), "octet-stream")
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()

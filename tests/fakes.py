@@ -1,0 +1,84 @@
+"""A deterministic fake encoder for tests where the model does not matter.
+
+Vectors are a hash of the payload (so a clean run and a resumed run agree exactly), it counts
+its batches, and it can be told to fail: for one chosen payload, above a batch size (as an
+out-of-memory error), or by returning the wrong number of outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from mmenc_cli.encoders.base import EncodeOutput, ImageInput
+
+
+class FakeOOM(RuntimeError):
+    """Looks like torch's CUDA OOM to mmenc (the message is what `errors._is_oom` matches)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(f"CUDA out of memory. Tried to allocate a batch of {n}")
+
+
+@dataclass
+class FakePreprocessor:
+    """Worker side: a 4x4 uint8 thumbnail (picklable, torch-free)."""
+
+    def __call__(self, image: Image.Image) -> ImageInput:
+        return ImageInput(np.asarray(image.convert("RGB").resize((4, 4)), dtype=np.uint8), {"orig_size": image.size})
+
+
+def _vec(data: bytes, dim: int) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
+    return np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+
+
+@dataclass
+class FakeEncoder:
+    """Encodes images and texts deterministically; records every batch it was given."""
+
+    dim: int = 8
+    modalities: frozenset = frozenset({"image", "text"})
+    default_normalize: bool = False
+    output_kind: str = "pooled"
+    fail_on: Callable[[str, Any], bool] | None = None  # raise when a batch holds such a payload
+    oom_above: int | None = None  # raise an OOM for batches larger than this
+    oom_on: Callable[[str, Any], bool] | None = None  # OOM whenever a batch holds such a payload
+    nan_on: Callable[[str, Any], bool] | None = None  # return NaN for such payloads
+    drop_output: Callable[[str, Sequence[Any]], bool] | None = None  # return one output too few
+    batches: list[tuple[str, int]] = field(default_factory=list)
+    info: dict = field(default_factory=lambda: {"family": "fake", "revision": "fake-1"})
+
+    def image_preprocessor(self) -> FakePreprocessor:
+        return FakePreprocessor()
+
+    def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
+        import torch
+
+        self.batches.append((modality, len(payloads)))
+        if self.oom_above is not None and len(payloads) > self.oom_above:
+            raise FakeOOM(len(payloads))
+        if self.oom_on and any(self.oom_on(modality, p) for p in payloads):
+            raise FakeOOM(len(payloads))
+        if self.fail_on and any(self.fail_on(modality, p) for p in payloads):
+            raise ValueError("fake encoder failure on a chosen item")
+        rows = []
+        for p in payloads:
+            data = p.encode() if modality == "text" else p.pixels.tobytes()
+            v = _vec(data, self.dim)
+            if self.nan_on and self.nan_on(modality, p):
+                v[0] = np.nan
+            rows.append(v)
+        if self.drop_output and self.drop_output(modality, payloads):
+            rows = rows[:-1]
+        return EncodeOutput(torch.from_numpy(np.stack(rows)) if rows else torch.zeros((0, self.dim)),
+                            [False] * len(payloads) if modality == "text" else [])
+
+
+def factory(encoder: FakeEncoder) -> Callable[..., FakeEncoder]:
+    """An `encoder_factory` for `run_encode` that always returns `encoder`."""
+    return lambda cfg, device=None: encoder

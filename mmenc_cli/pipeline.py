@@ -157,11 +157,15 @@ def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def resolved_dtype(cfg: RunConfig) -> str:
-    """The compute dtype name this run will use (imports torch only when the device is 'auto')."""
-    from .encoders import resolve_device, resolve_dtype
+    """The compute dtype name this run will use (imports torch only to resolve an 'auto' device)."""
+    dtype, device = cfg.model.dtype, cfg.model.devices[0]
+    if dtype != "auto":
+        return dtype
+    if device in ("cpu", "mps"):
+        return "float32"
+    from .encoders.device import resolve_device, resolve_dtype
 
-    device = resolve_device(cfg.model.devices[0])
-    return str(resolve_dtype(cfg.model.dtype, device)).replace("torch.", "")
+    return str(resolve_dtype("auto", resolve_device(device))).replace("torch.", "")
 
 
 def library_versions() -> dict[str, str]:
@@ -242,6 +246,7 @@ class EncodeRun:
         out_dtype = self.cfg.writer.out_dtype or ("float16" if enc.output_kind == "tokens" else "float32")
         return {**info, "model": self.cfg.model.model, "revision": info.get("revision"), "dim": int(enc.dim),
                 "modalities": sorted(enc.modalities), "normalize": normalize, "dtype": dtype,
+                "pooling": info.get("pooling", self.cfg.model.pooling),
                 "out_dtype": out_dtype, "output_kind": enc.output_kind, "mmenc_version": __version__}
 
     def _load_history(self) -> tuple[HashSet64, HashSet64, HashSet64]:

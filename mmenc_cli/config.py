@@ -32,6 +32,7 @@ class ManifestConfig:
     text_key: str = "text"
     keep: tuple[str, ...] = ()
     limit: int | None = None
+    csv_multiline: bool = False  # CSV quoted fields may span lines: tasks parse from the top (exact, slower)
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 0:

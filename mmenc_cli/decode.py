@@ -38,7 +38,10 @@ class Decoded:
 def _init_worker(preprocessor: ImagePreprocessor, media: MediaConfig) -> None:
     import signal
 
+    from .media import configure_pillow
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides how to stop
+    configure_pillow(media)  # per-process Pillow limits matching --max-image-pixels
     _STATE["pre"] = preprocessor
     _STATE["media"] = media
 

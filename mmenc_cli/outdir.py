@@ -205,8 +205,18 @@ class OutDir:
     def read_run_meta(self) -> dict[str, Any] | None:
         return read_json(self.run_meta_path)
 
-    def write_run_meta(self, data: dict[str, Any]) -> None:
-        write_json_atomic(self.run_meta_path, data)
+    def create_run_meta(self, data: dict[str, Any]) -> bool:
+        """Create run.json unless it exists (atomically: concurrent tasks race safely); True if created."""
+        tmp = self.meta / f".run.json.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        write_json_atomic(tmp, data)
+        try:
+            os.link(tmp, self.run_meta_path)  # fails if another process created it first
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+            fsync_dir(self.meta)
 
     def read_task_metas(self) -> list[dict[str, Any]]:
         return [m for m in (read_json(p) for p in self.task_meta_paths()) if isinstance(m, dict)]

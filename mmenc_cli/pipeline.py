@@ -16,7 +16,7 @@ import platform
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -90,6 +90,19 @@ class Counters:
     def balanced(self) -> bool:
         """items requested + invalid lines == encoded + failed."""
         return self.requested + self.invalid + self.invalid_before == self.encoded + self.failed
+
+    def merge(self, other: "Counters") -> None:
+        """Add another worker's counts into these."""
+        for name in ("rows", "invalid", "invalid_before", "rows_skipped"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for k, v in other.seconds.items():
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
+        for mod, o in other.modalities.items():
+            m = self.mod(mod)
+            for name in ("requested", "encoded", "encoded_before", "failed_before", "skipped", "truncated"):
+                setattr(m, name, getattr(m, name) + getattr(o, name))
+            for code, n in o.failed.items():
+                m.failed[code] = m.failed.get(code, 0) + n
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -185,6 +198,41 @@ def library_versions() -> dict[str, str]:
 # The run
 
 
+def open_output(out: OutDir, cfg: RunConfig) -> None:
+    """Wipe OUT for --overwrite, then make sure its folders exist and are writable."""
+    if cfg.overwrite:
+        out.wipe()
+    out.prepare()
+
+
+def threshold(cfg: RunConfig, c: Counters) -> str | None:
+    """Why the run exceeded --max-errors / --max-error-rate, or None."""
+    failed = c.failed
+    if cfg.max_errors is not None and failed > cfg.max_errors:
+        return f"{failed} errors > --max-errors {cfg.max_errors}"
+    total = c.requested + c.invalid + c.invalid_before
+    if cfg.max_error_rate is not None and total and failed / total > cfg.max_error_rate:
+        return f"error rate {failed / total:.2%} > --max-error-rate {cfg.max_error_rate:.2%}"
+    return None
+
+
+def write_task_meta(out: OutDir, cfg: RunConfig, state: str, counters: Counters, elapsed: float,
+                    result: RunResult | None = None) -> None:
+    """Record this task's state, counts, timings and versions under `_mmenc/tasks/`."""
+    path = out.task_meta_path(cfg.task_index)
+    data = {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
+            "pid": os.getpid(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "manifests": list(cfg.manifests),
+            "devices": list(cfg.model.devices), "counters": counters.to_dict(), "elapsed": elapsed,
+            "versions": library_versions(), "config": cfg.to_dict(),
+            "threshold_exceeded": result.threshold_exceeded if result else None,
+            "model_loaded": result.model_loaded if result else None,
+            "events": (result.events if result else [])[-50:]}
+    previous = read_json(path)
+    if state == "running" and isinstance(previous, dict):
+        data["previous_state"] = previous.get("state")
+    out.write_task_meta(cfg.task_index, data)
+
+
 ProgressFn = Callable[[Counters], None]
 
 
@@ -193,8 +241,9 @@ class EncodeRun:
 
     def __init__(self, cfg: RunConfig, worker: int = 0, worker_count: int = 1,
                  encoder_factory: Callable[..., Any] | None = None, progress: ProgressFn | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, primary: bool = True) -> None:
         self.cfg = cfg
+        self.primary = primary  # False for a device worker: its parent holds the lock and writes task meta
         self.task = cfg.task_index
         self.worker = worker
         self.worker_count = worker_count
@@ -294,73 +343,56 @@ class EncodeRun:
 
     # -- main -----------------------------------------------------------------------------
     def run(self) -> RunResult:
+        """Run the task: take its lock (unless a device worker under its parent's lock) and encode."""
         t_start = time.perf_counter()
+        if not self.primary:
+            return self._run_locked(t_start)
+        open_output(self.out, self.cfg)
+        with self.out.lock(self.task, wait=self.cfg.wait_lock):
+            self.out.clean_tmp(self.task)
+            return self._run_locked(t_start)
+
+    def _init_facts(self) -> dict[str, Any]:
+        """The output's facts: from its metadata when the options match, else from the loaded model."""
+        dtype = resolved_dtype(self.cfg)
+        fp = fingerprint(self.cfg, dtype)
+        facts = self._check_output(fp)
+        if facts is None:
+            self._load_encoder()
+            facts = self._facts_from_encoder(dtype)
+            created = self.out.create_run_meta({"fingerprint": fp, "facts": facts, "config": self.cfg.to_dict(),
+                                                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                                "versions": library_versions()})
+            if not created:  # another task or device worker was first: its options must match ours
+                facts = self._check_output(fp) or facts
+        return facts
+
+    def _run_locked(self, t_start: float) -> RunResult:
         cfg = self.cfg
-        if cfg.overwrite and self.worker == 0:
-            self.out.wipe()
-        self.out.prepare()
-        with self.out.lock(self._lock_id, wait=cfg.wait_lock):
-            self.out.clean_tmp(self.task) if self.worker == 0 else None
-            dtype = resolved_dtype(cfg)
-            fp = fingerprint(cfg, dtype)
-            facts = self._check_output(fp)
-            if facts is None:
-                self._load_encoder()
-                facts = self._facts_from_encoder(dtype)
-                self.out.write_run_meta({"fingerprint": fp, "facts": facts, "config": cfg.to_dict(),
-                                         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                         "versions": library_versions()})
-            self.facts = facts
-            modalities = tuple(cfg.modalities or facts["modalities"])
-            missing = [m for m in modalities if m not in facts["modalities"]]
-            if missing:
-                raise OutputError(f"model {cfg.model.model} cannot encode {', '.join(missing)} "
-                                  f"(it supports: {', '.join(facts['modalities'])})")
-            self._write_task_meta("running", t_start)
-            self._errors = ErrorReportWriter(self.out.error_report_path(self.task, self.worker))
-            try:
-                self._loop(modalities)
-            finally:
-                self._errors.close()
-            state = "done"
-            if self.stop.is_set():
-                state = "stopped" if self._stopped_by == "fail-fast" else "interrupted"
-            result = RunResult(out=str(self.out.root), task=self.task, state=state, counters=self.counters,
-                               facts=facts, elapsed=time.perf_counter() - t_start,
-                               model_loaded=self.encoder is not None, events=self.events)
-            result.threshold_exceeded = self._threshold()
-            self._write_task_meta(state, t_start, result)
-            return result
+        facts = self.facts = self._init_facts()
+        modalities = tuple(cfg.modalities or facts["modalities"])
+        missing = [m for m in modalities if m not in facts["modalities"]]
+        if missing:
+            raise OutputError(f"model {cfg.model.model} cannot encode {', '.join(missing)} "
+                              f"(it supports: {', '.join(facts['modalities'])})")
+        if self.primary:
+            write_task_meta(self.out, cfg, "running", self.counters, time.perf_counter() - t_start)
+        self._errors = ErrorReportWriter(self.out.error_report_path(self.task, self.worker))
+        try:
+            self._loop(modalities)
+        finally:
+            self._errors.close()
+        state = "done"
+        if self.stop.is_set():
+            state = "stopped" if self._stopped_by == "fail-fast" else "interrupted"
+        result = RunResult(out=str(self.out.root), task=self.task, state=state, counters=self.counters,
+                           facts=facts, elapsed=time.perf_counter() - t_start,
+                           model_loaded=self.encoder is not None, events=self.events)
+        result.threshold_exceeded = threshold(cfg, self.counters)
+        if self.primary:
+            write_task_meta(self.out, cfg, state, self.counters, result.elapsed, result)
+        return result
 
-    @property
-    def _lock_id(self) -> int:
-        return self.task if self.worker_count == 1 else self.task * 1000 + self.worker
-
-    def _threshold(self) -> str | None:
-        c, cfg = self.counters, self.cfg
-        failed = c.failed
-        if cfg.max_errors is not None and failed > cfg.max_errors:
-            return f"{failed} errors > --max-errors {cfg.max_errors}"
-        total = c.requested + c.invalid + c.invalid_before
-        if cfg.max_error_rate is not None and total and failed / total > cfg.max_error_rate:
-            return f"error rate {failed / total:.2%} > --max-error-rate {cfg.max_error_rate:.2%}"
-        return None
-
-    def _write_task_meta(self, state: str, t_start: float, result: RunResult | None = None) -> None:
-        meta_path = self.out.task_meta_path(self._lock_id)
-        data = {"task": self.task, "worker": self.worker, "task_count": self.cfg.task_count, "state": state,
-                "host": platform.node(), "pid": os.getpid(),
-                "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "manifests": list(self.cfg.manifests),
-                "counters": self.counters.to_dict(), "elapsed": time.perf_counter() - t_start,
-                "versions": library_versions(), "config": self.cfg.to_dict(),
-                "threshold_exceeded": result.threshold_exceeded if result else None,
-                "events": self.events[-50:]}
-        if result is not None:
-            data["model_loaded"] = result.model_loaded
-        previous = read_json(meta_path)
-        if state == "running" and isinstance(previous, dict):
-            data["previous_state"] = previous.get("state")
-        self.out.write_task_meta(self._lock_id, data)
 
     # -- the loop -------------------------------------------------------------------------
     def _rows(self) -> Iterator[ManifestRow | InvalidRow]:
@@ -664,8 +696,90 @@ def _free_device_memory() -> None:
         pass
 
 
-def run_encode(cfg: RunConfig, *, worker: int = 0, worker_count: int = 1, encoder_factory: Callable[..., Any] | None = None,
+def _device_worker(cfg: RunConfig, worker: int, worker_count: int, results: Any) -> None:
+    """Entry point of one device's process: encode every `worker_count`-th row of the task's slice."""
+    import signal
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        res = EncodeRun(cfg, worker=worker, worker_count=worker_count, stop=stop, primary=False).run()
+        results.put((worker, res, None))
+    except BaseException as exc:  # reported to the parent, which fails the run
+        results.put((worker, None, f"{type(exc).__name__}: {exc}"))
+
+
+def _run_devices(cfg: RunConfig, progress: ProgressFn | None, stop: threading.Event) -> RunResult:
+    """One process per device (`--device cuda:0,cuda:1`), under the task's lock held here."""
+    import multiprocessing as mp
+    import signal
+
+    t_start = time.perf_counter()
+    out = OutDir(cfg.writer.out)
+    open_output(out, cfg)
+    devices = cfg.model.devices
+    child_cfg = replace(cfg, overwrite=False)
+    with out.lock(cfg.task_index, wait=cfg.wait_lock):
+        out.clean_tmp(cfg.task_index)
+        counters = Counters()
+        write_task_meta(out, cfg, "running", counters, 0.0)
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_device_worker, args=(child_cfg, w, len(devices), results), daemon=False)
+                 for w in range(len(devices))]
+        for p in procs:
+            p.start()
+        got: dict[int, Any] = {}
+        errors: list[str] = []
+        forwarded = False
+        while len(got) < len(procs):
+            if stop.is_set() and not forwarded:
+                for p in procs:
+                    if p.is_alive():
+                        os.kill(p.pid, signal.SIGTERM)
+                forwarded = True
+            try:
+                w, res, err = results.get(timeout=0.5)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in got]
+                if dead and results.empty():
+                    time.sleep(0.5)
+                    if results.empty():
+                        for i in dead:
+                            got[i] = None
+                            errors.append(f"device worker {i} ({devices[i]}) died with exit code {procs[i].exitcode}")
+                continue
+            got[w] = res
+            if err:
+                errors.append(f"device worker {w} ({devices[w]}): {err}")
+        for p in procs:
+            p.join()
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        facts: dict[str, Any] = {}
+        states = []
+        events: list[str] = []
+        for res in got.values():
+            counters.merge(res.counters)
+            facts = facts or res.facts
+            states.append(res.state)
+            events += res.events
+        state = "interrupted" if "interrupted" in states else ("stopped" if "stopped" in states else "done")
+        result = RunResult(out=str(out.root), task=cfg.task_index, state=state, counters=counters, facts=facts,
+                           elapsed=time.perf_counter() - t_start,
+                           model_loaded=any(r.model_loaded for r in got.values()), events=events)
+        result.threshold_exceeded = threshold(cfg, counters)
+        write_task_meta(out, cfg, state, counters, result.elapsed, result)
+        if progress:
+            progress(counters)
+        return result
+
+
+def run_encode(cfg: RunConfig, *, encoder_factory: Callable[..., Any] | None = None,
                progress: ProgressFn | None = None, stop: threading.Event | None = None) -> RunResult:
-    """Run `mmenc encode` for one task (and one worker of it). See the module docstring."""
-    return EncodeRun(cfg, worker=worker, worker_count=worker_count, encoder_factory=encoder_factory,
-                     progress=progress, stop=stop).run()
+    """Run `mmenc encode` for one task (one process per device when several are given)."""
+    stop = stop or threading.Event()
+    if len(cfg.model.devices) > 1 and encoder_factory is None:
+        return _run_devices(cfg, progress, stop)
+    return EncodeRun(cfg, encoder_factory=encoder_factory, progress=progress, stop=stop).run()

@@ -1,0 +1,400 @@
+"""Hugging Face model adapters: the shared machinery and the CLIP/SigLIP and vision-backbone families.
+
+`HFEncoder` owns what every family needs: the model on its device and dtype, tokenizing with
+honest truncation flags, turning worker `ImageInput`s into a device batch, `torch.compile` with an
+eager fallback, and a one-item probe at load time that fixes `dim` and fails fast. A family
+subclass only says how a batch becomes vectors (`_embed_image` / `_embed_text`).
+
+Loading goes through transformers' Auto classes (`load_model`, `load_part`), with
+`trust_remote_code` and safetensors-only weights unless `allow_pickle_weights`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from . import ModelLoadError, ModelProbe, fetch_file
+from .base import EncodeOutput, ImageInput, ImagePreprocessor
+from .device import resolve_dtype, to_device
+from .images import plan_image_input
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ..config import ModelConfig
+
+log = logging.getLogger("mmenc")
+
+_HUGE = 1_000_000  # tokenizers without a limit report int(1e30) as model_max_length
+#: any of these means the model ships a tokenizer
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "tokenizer.model", "sentencepiece.bpe.model")
+
+Inputs = dict[str, "torch.Tensor"]
+
+
+# ------------------------------------------------------------------------------------- loading
+
+
+def hub_kwargs(probe: ModelProbe, cfg: "ModelConfig", subfolder: str = "") -> dict[str, Any]:
+    """The keyword arguments every `from_pretrained` call of one model shares."""
+    kwargs: dict[str, Any] = {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
+    if subfolder:
+        kwargs["subfolder"] = subfolder
+    return kwargs
+
+
+def load_model(probe: ModelProbe, cfg: "ModelConfig", device: str, dtype: "torch.dtype",
+               subfolder: str = "") -> tuple[Any, set[str]]:
+    """`AutoModel` in `dtype` on `device` in eval mode, plus the weight names the checkpoint lacked.
+
+    Safetensors only unless `cfg.allow_pickle_weights` (then safetensors are still preferred:
+    `use_safetensors=None`, since `False` would refuse a safetensors-only folder).
+    """
+    from transformers import AutoModel
+
+    kwargs = hub_kwargs(probe, cfg, subfolder)
+    kwargs.update(dtype=dtype, output_loading_info=True,
+                  use_safetensors=None if cfg.allow_pickle_weights else True)
+    try:
+        model, loading = AutoModel.from_pretrained(probe.source, **kwargs)
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... here
+        message = _first_line(exc)
+        if not cfg.allow_pickle_weights and "safetensors" in message:
+            message += (" (mmenc loads only safetensors weights; if this model ships only pickle "
+                        "weights such as pytorch_model.bin and you trust it, pass --allow-pickle-weights)")
+        raise ModelLoadError(f"cannot load model {probe.source!r}: {message}") from exc
+    missing = set(loading.get("missing_keys") or ())
+    if missing:
+        log.warning("%s: %d weight(s) missing from the checkpoint, randomly initialized: %s",
+                    probe.source, len(missing), ", ".join(sorted(missing)[:5]))
+    return model.to(device).eval(), missing
+
+
+def load_part(kind: str, probe: ModelProbe, cfg: "ModelConfig",
+              subfolder: str = "") -> tuple[Any, str | None]:
+    """The model's tokenizer (`kind="text"`) or image processor (`kind="image"`), or (None, why).
+
+    Image processors are loaded with the PIL backend: it is transformers' reference
+    implementation, identical with or without torchvision, and the one the uint8 path reproduces.
+    """
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    kwargs = hub_kwargs(probe, cfg, subfolder)
+    if kind == "text" and not any(fetch_file(probe.source, name, cfg.revision, subfolder)
+                                  for name in TOKENIZER_FILES):
+        # transformers 5 would build an empty-vocabulary tokenizer from the model type alone
+        return None, "no tokenizer files"
+    try:
+        if kind == "text":
+            return AutoTokenizer.from_pretrained(probe.source, **kwargs), None
+        try:
+            return AutoImageProcessor.from_pretrained(probe.source, backend="pil", **kwargs), None
+        except TypeError:  # remote-code processors that do not take `backend`
+            return AutoImageProcessor.from_pretrained(probe.source, **kwargs), None
+    except Exception as exc:  # absent files or unusable processor: the modality is unavailable
+        return None, f"no usable {'tokenizer' if kind == 'text' else 'image processor'}: {_first_line(exc)}"
+
+
+def text_limit(tokenizer: Any, config: Any, declared: int | None, requested: int | None) -> int:
+    """Token limit: the model's own (`declared`, else the tokenizer's if sane, else position
+    embeddings), lowered by `--max-length` if given (it caps, never extends past the model)."""
+    tok = getattr(tokenizer, "model_max_length", None)
+    tok = tok if isinstance(tok, int) and 0 < tok < _HUGE else None
+    positions = getattr(config, "max_position_embeddings", None)
+    limit = declared or tok or positions or requested
+    if limit is None:
+        raise ModelLoadError("cannot tell the model's token limit; pass --max-length")
+    if requested and requested > limit:
+        log.warning("--max-length %d exceeds the model's limit of %d tokens; using %d",
+                    requested, limit, limit)
+    return min(limit, requested) if requested else limit
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def keep_accepted(fn: Callable[..., Any]) -> Callable[[Inputs], Inputs]:
+    """A filter keeping only the inputs `fn` names: tokenizers return extras (token_type_ids) that
+    some models' feature functions would reject."""
+    params = inspect.signature(fn).parameters.values()
+    names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    if not names:  # a bare `forward(**kwargs)` (remote code): nothing to filter on
+        return lambda inputs: inputs
+    return lambda inputs: {k: v for k, v in inputs.items() if k in names}
+
+
+class CompiledOrEager:
+    """Calls `fn` through `torch.compile`; if compiling fails, warns once and stays eager.
+
+    A failure on a call that also fails eagerly is the input's fault, not the compiler's: it is
+    raised and compilation is kept.
+    """
+
+    def __init__(self, fn: Callable[[Inputs], "torch.Tensor"], name: str) -> None:
+        import torch
+
+        self.fn, self.name, self.proven = fn, name, False
+        self.compiled: Callable[[Inputs], "torch.Tensor"] | None = torch.compile(fn)
+
+    def __call__(self, inputs: Inputs) -> "torch.Tensor":
+        if self.compiled is None:
+            return self.fn(inputs)
+        try:
+            out = self.compiled(inputs)
+        except Exception as exc:
+            if self.proven and not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                raise
+            out = self.fn(inputs)  # raises if the input itself is at fault
+            log.warning("torch.compile failed for %s (%s: %s); running eager", self.name,
+                        type(exc).__name__, _first_line(exc))
+            self.compiled = None
+            return out
+        self.proven = True
+        return out
+
+
+# ------------------------------------------------------------------------------------- encoder
+
+
+class HFEncoder:
+    """Shared body of the transformers-backed adapters (implements the `Encoder` protocol).
+
+    Subclasses set `family` and implement `_embed_image(inputs)` and/or `_embed_text(inputs)`
+    returning `[n, dim]` tensors; a modality is offered when its processor/tokenizer loaded.
+    """
+
+    family = "hf"
+    output_kind = "pooled"
+
+    def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, model: Any, *,
+                 tokenizer: Any = None, image_processor: Any = None, max_length: int | None = None,
+                 pad_to_max_length: bool = False, lowercase: bool = False, default_normalize: bool,
+                 pooling: str, unavailable: dict[str, str] | None = None) -> None:
+        import torch
+
+        self.model, self.device = model, device
+        self.dtype = next(model.parameters()).dtype
+        self.default_normalize = default_normalize
+        self._tokenizer, self.max_length = tokenizer, max_length
+        self._padding = "max_length" if pad_to_max_length else True
+        self._lowercase = lowercase
+        self._prep: ImagePreprocessor | None = None
+        self._table = None
+        if image_processor is not None:
+            self._prep, table = plan_image_input(image_processor)
+            if table is not None:
+                self._table = torch.from_numpy(table).reshape(-1).to(device)
+                self._offsets = (torch.arange(3, dtype=torch.int32, device=device) * 256).view(1, 3, 1, 1)
+        offered = {"image": self._prep is not None and hasattr(self, "_embed_image"),
+                   "text": tokenizer is not None and hasattr(self, "_embed_text")}
+        self.modalities = frozenset(m for m, ok in offered.items() if ok)
+        if not self.modalities:
+            reasons = "; ".join((unavailable or {}).values())
+            raise ModelLoadError(f"{probe.source}: no usable modality ({reasons})")
+        self.info: dict[str, Any] = {
+            "model": cfg.model, "revision": cfg.revision, "commit": probe.commit, "family": self.family,
+            "model_type": probe.model_type, "pooling": pooling, "max_length": max_length,
+            "device": device, "dtype": str(self.dtype).removeprefix("torch."),
+            "image_input": None if self._prep is None else "uint8" if self._table is not None else "float32",
+            "default_normalize": default_normalize, "compile": cfg.compile,
+            "unavailable": dict(unavailable or {}),
+        }
+        self._run: dict[str, Callable[[Inputs], "torch.Tensor"]] = {
+            m: getattr(self, f"_embed_{m}") for m in self.modalities}
+        self.dim = self._probe_dim()
+        if cfg.compile:
+            self._run = {m: CompiledOrEager(fn, f"{self.family} {m}") for m, fn in self._run.items()}
+
+    # -- Encoder protocol
+
+    def image_preprocessor(self) -> ImagePreprocessor:
+        """The picklable worker-side preprocessor (torch-free on the uint8 path)."""
+        if self._prep is None:
+            raise ValueError(f"{self.info['model']}: this model does not encode images")
+        return self._prep
+
+    def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
+        """Encode images (`ImageInput`s) or texts; float32 vectors, left on the device."""
+        import torch
+
+        if modality not in self.modalities:
+            raise ValueError(f"this model does not encode {modality!r}")
+        with torch.inference_mode():
+            if modality == "image":
+                inputs, truncated = self.collate_images(payloads), []
+            else:
+                inputs, truncated = self.tokenize(payloads)
+            vectors = self._run[modality](inputs)
+        return EncodeOutput(vectors.float(), truncated)
+
+    # -- inputs
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[Inputs, list[bool]]:
+        """Tokenize with truncation at `max_length`; also say which texts lost tokens."""
+        texts = [t.lower() for t in texts] if self._lowercase else list(texts)
+        enc = self._tokenizer(texts, padding=self._padding, truncation=True, max_length=self.max_length,
+                              return_tensors="pt")
+        encodings = getattr(enc, "encodings", None)
+        if encodings:  # fast tokenizers record the cut-off tail: no second pass needed
+            truncated = [bool(e.overflowing) for e in encodings]
+        else:
+            full = self._tokenizer(texts, truncation=False, padding=False)["input_ids"]
+            truncated = [len(ids) > self.max_length for ids in full]
+        return {k: to_device(v, self.device) for k, v in enc.items()}, truncated
+
+    def collate_images(self, items: Sequence[ImageInput]) -> Inputs:
+        """Stack worker outputs into a device batch; uint8 pixels become normalized floats here."""
+        import torch
+
+        pixels = to_device(torch.from_numpy(np.stack([it.pixels for it in items])), self.device)
+        if pixels.dtype == torch.uint8:
+            # exact: the table holds the processor's own float32 result for each (channel, value)
+            pixels = self._table[pixels.int() + self._offsets]
+        inputs = {"pixel_values": pixels.to(self.dtype)}
+        for key in items[0].meta.get("inputs", {}):
+            inputs[key] = to_device(torch.from_numpy(np.stack([it.meta["inputs"][key] for it in items])),
+                                    self.device)
+        return inputs
+
+    def _probe_dim(self) -> int:
+        """Encode one dummy item per modality: fixes `dim` and fails at startup, not at batch one."""
+        from PIL import Image
+
+        dims = {}
+        for modality in sorted(self.modalities):
+            dummy = self._prep(Image.new("RGB", (48, 40), (120, 90, 60))) if modality == "image" else "mmenc"
+            try:
+                vectors = self.encode(modality, [dummy]).vectors
+            except ModelLoadError:
+                raise
+            except Exception as exc:
+                raise ModelLoadError(f"{self.info['model']}: a test {modality} encode failed: "
+                                     f"{type(exc).__name__}: {_first_line(exc)}") from exc
+            if vectors.ndim != 2 or vectors.shape[0] != 1:
+                raise ModelLoadError(f"{self.info['model']}: {modality} output has shape "
+                                     f"{tuple(vectors.shape)}, expected (1, dim)")
+            dims[modality] = int(vectors.shape[1])
+        if len(set(dims.values())) > 1:
+            raise ModelLoadError(f"{self.info['model']}: image and text dimensions differ: {dims}")
+        return next(iter(dims.values()))
+
+
+def pooled(output: Any) -> "torch.Tensor":
+    """`get_*_features` returns a tensor in transformers 4 and a model output in 5 (projected
+    embeddings in `pooler_output`)."""
+    import torch
+
+    return output if isinstance(output, torch.Tensor) else output.pooler_output
+
+
+# ------------------------------------------------------------------------- CLIP / SigLIP family
+
+
+class DualTowerEncoder(HFEncoder):
+    """CLIP, SigLIP and SigLIP 2: `get_image_features` / `get_text_features` (projected, pooled).
+
+    SigLIP's text tower pools the last position and was trained on texts padded to the full
+    length, so its texts are padded to `max_length` as SigLIP's documentation prescribes.
+    """
+
+    family = "clip"
+
+    def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, model: Any,
+                 **kwargs: Any) -> None:
+        self._image_keys = keep_accepted(model.get_image_features)
+        self._text_keys = keep_accepted(model.get_text_features)
+        super().__init__(probe, cfg, device, model, **kwargs)
+
+    def _embed_image(self, inputs: Inputs) -> "torch.Tensor":
+        return pooled(self.model.get_image_features(**self._image_keys(inputs)))
+
+    def _embed_text(self, inputs: Inputs) -> "torch.Tensor":
+        return pooled(self.model.get_text_features(**self._text_keys(inputs)))
+
+
+def load_dual(probe: ModelProbe, cfg: "ModelConfig", device: str) -> HFEncoder:
+    """Load a CLIP / SigLIP / SigLIP 2 model with whichever of its two processors exist."""
+    model, _ = load_model(probe, cfg, device, resolve_dtype(cfg.dtype, device))
+    tokenizer, no_text = load_part("text", probe, cfg)
+    processor, no_image = load_part("image", probe, cfg)
+    max_length = None
+    if tokenizer is not None:
+        text_config = getattr(probe.config, "text_config", probe.config)
+        max_length = text_limit(tokenizer, text_config, None, cfg.max_length)
+    unavailable = {k: v for k, v in (("text", no_text), ("image", no_image)) if v}
+    return DualTowerEncoder(probe, cfg, device, model, tokenizer=tokenizer, image_processor=processor,
+                            max_length=max_length, pad_to_max_length=probe.model_type != "clip",
+                            default_normalize=True, pooling="projection", unavailable=unavailable)
+
+
+# ---------------------------------------------------------------------- vision backbone family
+
+#: ViT-style models whose sequence starts with CLS (+ DeiT's distillation token, + DINOv2/v3
+#: registers): the only ones where `cls` and `mean` pooling are well defined.
+PREFIX_TOKENS: dict[str, int] = {"vit": 1, "vit_msn": 1, "deit": 2, "dinov2": 1,
+                                 "dinov2_with_registers": 1, "dinov3_vit": 1}
+
+
+class VisionEncoder(HFEncoder):
+    """An image-only backbone (ViT, DINOv2, ...): pooled from the model's forward output.
+
+    * `cls`: `last_hidden_state[:, 0]` (after the final layer norm, as DINOv2 and ViT output it).
+    * `mean`: mean over the patch tokens only, excluding CLS and any distillation/register tokens:
+      the convention of DINOv2's own linear-probe head and of timm's `global_pool="avg"`.
+    * `auto`: the model's own `pooler_output` if it produces one from trained weights (ViT's
+      dense+tanh pooler, DINOv2's normed CLS, ConvNeXt's pooled features), else `cls`.
+    """
+
+    family = "vision"
+
+    def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, model: Any, *,
+                 prefix: int | None, pooler_ok: bool, **kwargs: Any) -> None:
+        self._prefix, self._pooler_ok = prefix, pooler_ok
+        self._pooling = kwargs["pooling"]  # "auto" is settled by the load-time probe
+        self._keys = keep_accepted(model.forward)
+        super().__init__(probe, cfg, device, model, **kwargs)
+        self.info["pooling"] = self._pooling
+
+    def _embed_image(self, inputs: Inputs) -> "torch.Tensor":
+        out = self.model(**self._keys(inputs))
+        if self._pooling == "auto":
+            if self._pooler_ok and getattr(out, "pooler_output", None) is not None:
+                self._pooling = "pooler"
+            elif self._prefix is not None:
+                self._pooling = "cls"
+            else:
+                raise ModelLoadError(f"{self.info['model']}: {self.info['model_type']!r} has no usable "
+                                     "pooler output and no CLS token mmenc knows how to pool")
+        if self._pooling == "pooler":
+            return out.pooler_output.flatten(1)
+        hidden = out.last_hidden_state
+        if self._pooling == "cls":
+            return hidden[:, 0]
+        return hidden[:, self._prefix:].mean(dim=1)
+
+
+def load_vision(probe: ModelProbe, cfg: "ModelConfig", device: str) -> HFEncoder:
+    """Load an image-only backbone; `cls`/`mean` need a ViT-style model (see `PREFIX_TOKENS`)."""
+    model_type = probe.model_type or ""
+    prefix = None
+    if model_type in PREFIX_TOKENS:
+        prefix = PREFIX_TOKENS[model_type] + int(getattr(probe.config, "num_register_tokens", 0) or 0)
+    elif cfg.pooling in ("cls", "mean"):
+        raise ModelLoadError(f"--pooling {cfg.pooling} is defined only for ViT-style models "
+                             f"({', '.join(sorted(PREFIX_TOKENS))}), not {model_type!r}; use --pooling auto")
+    model, missing = load_model(probe, cfg, device, resolve_dtype(cfg.dtype, device))
+    processor, no_image = load_part("image", probe, cfg)
+    if processor is None:
+        raise ModelLoadError(f"{probe.source}: {no_image}")
+    # a pooler whose weights the checkpoint lacks (e.g. ViTForImageClassification weights loaded
+    # into ViTModel) is random: never use it for `auto`
+    pooler_ok = not any(k.startswith("pooler.") for k in missing)
+    return VisionEncoder(probe, cfg, device, model, prefix=prefix, pooler_ok=pooler_ok,
+                         image_processor=processor, default_normalize=False, pooling=cfg.pooling)

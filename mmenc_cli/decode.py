@@ -9,6 +9,7 @@ so memory stays bounded however large the manifest is, and reads results in subm
 from __future__ import annotations
 
 import collections
+import os
 import logging
 import multiprocessing as mp
 import time
@@ -35,15 +36,38 @@ class Decoded:
     seconds: tuple[float, float]  # load + decode, preprocess
 
 
-def _init_worker(preprocessor: ImagePreprocessor, media: MediaConfig) -> None:
+def _init_worker(preprocessor: ImagePreprocessor, media: MediaConfig, parent: int) -> None:
     import signal
+    import threading
 
     from .media import configure_pillow
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides how to stop
     configure_pillow(media)  # per-process Pillow limits matching --max-image-pixels
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     _STATE["pre"] = preprocessor
     _STATE["media"] = media
+
+
+def _watch_parent(pid: int) -> None:
+    """Exit when the encode process is gone (e.g. SIGKILLed), so no worker outlives it.
+
+    A killed parent stays a zombie until reaped, so a zombie counts as gone; once the workers
+    exit, the forkserver and resource tracker (kept alive by the workers' fds) exit too.
+    """
+    import os
+
+    import psutil
+
+    while True:
+        time.sleep(0.5)
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                os._exit(1)
+        except psutil.NoSuchProcess:
+            os._exit(1)
+        except psutil.Error:
+            pass
 
 
 def decode_one(source: str | bytes, base_dir: str, preprocessor: ImagePreprocessor, media: MediaConfig) -> Decoded:
@@ -95,7 +119,7 @@ class DecodePool:
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["mmenc_cli.decode", "mmenc_cli.media", "numpy", "PIL.Image"])
             self._ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                           initargs=(preprocessor, media))
+                                           initargs=(preprocessor, media, os.getpid()))
 
     @property
     def in_flight(self) -> int:
@@ -144,7 +168,7 @@ class DecodePool:
             self._ex.shutdown(wait=False, cancel_futures=True)
             ctx = mp.get_context("forkserver")
             self._ex = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
-                                           initargs=(self.preprocessor, self.media))
+                                           initargs=(self.preprocessor, self.media, os.getpid()))
 
     def close(self, kill: bool = False) -> None:
         """Stop the workers; with `kill`, terminate them at once (signals) and drop pending work."""

@@ -280,7 +280,11 @@ class EncodeRun:
             return
         factory = self.encoder_factory
         if factory is None:
+            from transformers.utils import logging as hf_logging
+
             from .encoders import load_encoder as factory
+
+            hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron and Slurm logs
         device = self.cfg.model.devices[self.worker % len(self.cfg.model.devices)]
         t0 = time.perf_counter()
         self.encoder = factory(self.cfg.model, device=device)

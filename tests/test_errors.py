@@ -1,0 +1,62 @@
+"""MMError, the reason table, classify, and the report reader."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+
+from mmenc_cli.errors import (REASONS, ErrorRecord, ErrorReportWriter, MMError, classify, iter_error_records,
+                              trim_message)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_table_lists_every_reason_with_its_code() -> None:
+    text = (ROOT / "README.md").read_text()
+    rows = dict((r, int(c)) for c, r in re.findall(r"^\| (\d{3}) \| `([a-z_.]+)` \|", text, re.M))
+    assert rows == {k: v[0] for k, v in REASONS.items()}
+
+
+def test_mmerror_defaults_code_from_reason_and_pickles() -> None:
+    e = MMError("gone", stage="load", reason="media.not_found", error="FileNotFoundError")
+    assert e.code == 404
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.code, back.stage, back.reason, back.error, back.message) == (404, "load", "media.not_found",
+                                                                               "FileNotFoundError", "gone")
+    with pytest.raises(ValueError):
+        MMError("x", reason="no.such.reason")
+    with pytest.raises(ValueError):
+        MMError("x", stage="nowhere")
+
+
+@pytest.mark.parametrize("exc,reason,code", [
+    (FileNotFoundError("x"), "media.not_found", 404),
+    (PermissionError("x"), "media.permission_denied", 403),
+    (IsADirectoryError("x"), "media.is_directory", 400),
+    (RuntimeError("CUDA out of memory. Tried to allocate"), "encode.out_of_memory", 507),
+    (ValueError("boom"), "encode.failed", 500),
+    (TimeoutError("slow"), "remote.timeout", 504),
+])
+def test_classify(exc: Exception, reason: str, code: int) -> None:
+    e = classify(exc, "encode")
+    assert (e.reason, e.code, e.error) == (reason, code, type(exc).__name__)
+
+
+def test_trim_message_one_line_and_bounded() -> None:
+    assert trim_message("a\n b\tc") == "a b c"
+    assert len(trim_message("x" * 10_000)) == 500
+
+
+def test_report_is_append_only_and_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "errors.jsonl"
+    for i in range(2):
+        with ErrorReportWriter(path) as w:
+            w.write(ErrorRecord.from_error(MMError("m", reason="text.empty", stage="validate"), id=f"i{i}",
+                                           manifest="m.jsonl", line=i + 1, offset=i * 10, modality="text"))
+    with open(path, "a") as fh:
+        fh.write('{"id": "torn", "code"')  # a writer killed mid-line
+    rows = list(iter_error_records([path, tmp_path / "missing.jsonl"]))
+    assert [r["id"] for r in rows] == ["i0", "i1"] and rows[0]["code"] == 422

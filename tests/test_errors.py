@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_readme_table_lists_every_reason_with_its_code() -> None:
     text = (ROOT / "README.md").read_text()
-    rows = dict((r, int(c)) for c, r in re.findall(r"^\| (\d{3}) \| `([a-z_.]+)` \|", text, re.M))
+    rows = dict((r, int(c)) for c, r in re.findall(r"^\| (\d{3}) \| `([a-z0-9_.]+)` \|", text, re.M))
     assert rows == {k: v[0] for k, v in REASONS.items()}
 
 

@@ -297,7 +297,9 @@ class EncodeRun:
         if normalize is None:
             normalize = bool(enc.default_normalize)
         out_dtype = self.cfg.writer.out_dtype or ("float16" if enc.output_kind == "tokens" else "float32")
-        return {**info, "model": self.cfg.model.model, "revision": info.get("revision"), "dim": int(enc.dim),
+        stamp = model_stamp(self.cfg.model.model)
+        revision = info.get("commit") or info.get("revision") or (f"local:{stamp}" if stamp else None)
+        return {**info, "model": self.cfg.model.model, "revision": revision, "dim": int(enc.dim),
                 "modalities": sorted(enc.modalities), "normalize": normalize, "dtype": dtype,
                 "pooling": info.get("pooling", self.cfg.model.pooling),
                 "out_dtype": out_dtype, "output_kind": enc.output_kind, "mmenc_version": __version__}

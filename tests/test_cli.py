@@ -126,3 +126,12 @@ def test_threshold_exit_4(tmp_path: Path) -> None:
     res = run("encode", manifest, "--out", tmp_path / "o", "--max-errors", "0", "--device", "cpu", "--progress", "none")
     assert res.exit_code == 4 and "error threshold exceeded" in res.output
     assert read_embeddings(tmp_path / "o", "text")[0] == ["a"]  # still wrote everything
+
+
+def test_plain_log_lines_when_not_a_terminal(tmp_path: Path) -> None:
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": f"t{i}", "text": f"text {i}"} for i in range(40)])
+    res = run("encode", manifest, "--out", tmp_path / "o", "--device", "cpu", "--progress", "log", "--log-every", "0",
+              "--batch-size", "4")
+    assert res.exit_code == 0, res.output
+    lines = [l for l in res.output.splitlines() if "progress: rows" in l]
+    assert lines and "\r" not in res.output

@@ -226,3 +226,28 @@ def test_safetensors_format_round_trip(tmp_path: Path, small_manifest: Path) -> 
     assert a.keys() == b.keys() and len(a) == 16
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_parquet_inline_bytes_csv_and_jsonl_in_one_run(tmp_path: Path) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    def png(seed: int) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(np.full((10, 12, 3), seed * 20, np.uint8)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    pq.write_table(pa.table({"id": [1, 2], "image": [{"bytes": png(1), "path": "a.png"}, {"bytes": png(2), "path": None}],
+                             "text": ["one", None]}), tmp_path / "hf.parquet")
+    pq.write_table(pa.table({"id": ["b1"], "image": pa.array([png(3)], pa.binary())}), tmp_path / "bin.parquet")
+    (tmp_path / "m.csv").write_text("id,image,text\nc1,,csv text\n")
+    make_image(tmp_path / "j.png")
+    write_jsonl(tmp_path / "m.jsonl", [{"id": "j1", "image": "j.png"}])
+    manifests = [tmp_path / n for n in ("hf.parquet", "bin.parquet", "m.csv", "m.jsonl")]
+    res = run_encode(make_cfg(manifests, tmp_path / "out"), encoder_factory=factory(FakeEncoder()))
+    assert error_rows(tmp_path / "out") == [] and res.counters.balanced
+    assert set(embeddings(tmp_path / "out")) == {("1", "image"), ("1", "text"), ("2", "image"), ("b1", "image"),
+                                                 ("c1", "text"), ("j1", "image")}

@@ -301,8 +301,10 @@ def inspect(out: OutArg, json_out: JsonOpt = False) -> None:
 
 def _register_subapps() -> None:
     from .cli_errors import errors_app
+    from .cli_slurm import register as register_slurm
 
     app.add_typer(errors_app, name="errors")
+    register_slurm(app)
 
 
 _register_subapps()

@@ -1,0 +1,226 @@
+"""`mmenc status OUT`: per task done or not, items encoded, errors, duplicates, what to re-run.
+
+Read-only and torch-free. Sources: the task metadata (`_mmenc/tasks/*.json`, one per task, or per
+task and worker), the committed shards (the task number is in the shard name; the `id` and
+`modality` columns are read), the error reports (latest outcome per item) and the task locks.
+
+A task needs a re-run when it has no metadata (never started, or its first run died before
+writing any), ended 'interrupted' or 'stopped', ended over the error threshold, ran with another
+task count, or says 'running' while no process holds its lock (crashed: the kernel drops an flock
+with its process). Lock probing uses a shared, non-blocking flock that is released at once and
+writes nothing; it is done only for tasks that say 'running', so it cannot make a starting run
+exit 75 except in the microseconds a crashed task's replacement takes its lock.
+
+Duplicates: (id, modality) pairs present in shards of more than one task. Each task's keys become
+a sorted array of 64-bit hashes (8 bytes a row); shards are read a second time, for a few example
+ids, only when there are duplicates.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .idset import hash_many
+from .outdir import OutDir, OutputError, iter_shard_keys, parse_shard_name, read_json
+
+DONE = "done"
+MISSING = "missing"
+
+
+@dataclass
+class TaskStatus:
+    """One task's line in the status."""
+
+    task: int
+    state: str = MISSING  # done, running, interrupted, stopped (as recorded), or missing
+    encoded: int = 0
+    errors: int = 0
+    running: bool = False
+    needs_rerun: bool = False
+    reason: str | None = None
+    host: str | None = None
+    updated: str | None = None
+
+
+@dataclass
+class Duplicates:
+    """(id, modality) pairs found in shards of several tasks (`within_task`: repeated inside one task)."""
+
+    count: int = 0
+    within_task: int = 0
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class StatusReport:
+    """The whole `mmenc status` answer."""
+
+    out: str
+    task_count: int
+    tasks: list[TaskStatus]
+    duplicates: Duplicates
+    all_done: bool
+    rerun: list[int]
+
+    @property
+    def ok(self) -> bool:
+        """All tasks done and no duplicates: exit code 0."""
+        return self.all_done and not self.duplicates.count and not self.duplicates.within_task
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def lock_held(path: Path) -> bool:
+    """True when a live process holds the flock on `path` (probed without taking it for long)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise OutputError(f"cannot probe the task lock {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return True
+        raise
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _metas(od: OutDir) -> dict[int, list[tuple[int, float, dict[str, Any]]]]:
+    """Task metadata grouped by task: (lock id, mtime, meta) per file (one per worker)."""
+    grouped: dict[int, list[tuple[int, float, dict[str, Any]]]] = defaultdict(list)
+    for path in od.task_meta_paths():
+        meta = read_json(path)
+        try:
+            lock_id = int(path.stem.split("-", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if isinstance(meta, dict):
+            grouped[int(meta.get("task", lock_id))].append((lock_id, path.stat().st_mtime, meta))
+    return grouped
+
+
+def _task_count(od: OutDir, metas: dict[int, list[tuple[int, float, dict[str, Any]]]]) -> int:
+    """The task count of the newest task metadata, else of the run metadata."""
+    entries = [e for group in metas.values() for e in group if e[2].get("task_count")]
+    if entries:
+        return int(max(entries, key=lambda e: e[1])[2]["task_count"])
+    run = od.read_run_meta()
+    if run is None:
+        raise OutputError(f"{od.root} is not an mmenc output (no {od.run_meta_path.relative_to(od.root)} "
+                          "and no task metadata)")
+    return int((run.get("config") or {}).get("task_count") or 1)
+
+
+def _scan_shards(od: OutDir) -> tuple[Counter[int], dict[int, np.ndarray], int]:
+    """Embeddings per task, each task's sorted unique key hashes, and rows repeated within a task."""
+    encoded: Counter[int] = Counter()
+    parts: dict[int, list[np.ndarray]] = defaultdict(list)
+    for shard, ids, mods in iter_shard_keys(od):
+        parsed = parse_shard_name(shard.name)
+        task = parsed.task if parsed else -1
+        encoded[task] += len(ids)
+        parts[task].append(hash_many(ids, mods))
+    keys, within = {}, 0
+    for task, arrays in parts.items():
+        raw = np.concatenate(arrays) if arrays else np.zeros(0, np.uint64)
+        keys[task] = np.unique(raw)
+        within += int(raw.size - keys[task].size)
+    return encoded, keys, within
+
+
+def _duplicates(od: OutDir, keys: dict[int, np.ndarray], within: int, examples: int) -> Duplicates:
+    """Count keys present in several tasks; look up a few example ids."""
+    every = np.sort(np.concatenate(list(keys.values()))) if keys else np.zeros(0, np.uint64)
+    dup = np.unique(every[1:][every[1:] == every[:-1]]) if every.size > 1 else every[:0]
+    result = Duplicates(count=int(dup.size), within_task=within)
+    if dup.size and examples:
+        wanted = dup[:examples]
+        found: dict[int, dict[str, Any]] = {}
+        for shard, ids, mods in iter_shard_keys(od):
+            hashes = hash_many(ids, mods)
+            parsed = parse_shard_name(shard.name)
+            for i in np.flatnonzero(np.isin(hashes, wanted)):
+                entry = found.setdefault(int(hashes[i]), {"id": ids[i], "modality": mods[i], "tasks": []})
+                if parsed and parsed.task not in entry["tasks"]:
+                    entry["tasks"].append(parsed.task)
+        result.examples = [found[int(h)] for h in wanted if int(h) in found]
+    return result
+
+
+def _errors_by_task(od: OutDir) -> Counter[int]:
+    """Current failures (latest outcome per item) per task."""
+    if not od.error_report_paths():
+        return Counter()
+    from .report import latest_errors
+
+    return Counter(int(r.get("task") or 0) for r in latest_errors(od.root))
+
+
+def _judge(ts: TaskStatus, group: list[tuple[int, float, dict[str, Any]]], od: OutDir, task_count: int) -> None:
+    """Fill state, running, needs_rerun and reason of one task from its metadata (one per worker)."""
+    if ts.task >= task_count:
+        ts.reason = f"not part of the current split into {task_count} tasks"
+    if not group:
+        ts.needs_rerun = ts.task < task_count
+        ts.reason = ts.reason or "never ran (no task metadata)"
+        return
+    newest = max(group, key=lambda e: e[1])[2]
+    ts.host, ts.updated = newest.get("host"), newest.get("updated")
+    states = [m.get("state") or MISSING for _, _, m in group]
+    ts.state = DONE if all(s == DONE for s in states) else next(s for s in states if s != DONE)
+    held = [lid for lid, _, m in group if m.get("state") == "running" and lock_held(od.lock_path(lid))]
+    ts.running = bool(held)
+    if ts.task >= task_count:
+        return
+    crashed = [m for lid, _, m in group if m.get("state") == "running" and lid not in held]
+    counts = {int(m.get("task_count") or 0) for _, _, m in group}
+    over = next((m.get("threshold_exceeded") for _, _, m in group if m.get("threshold_exceeded")), None)
+    if ts.running:
+        ts.reason = f"running on {ts.host} (pid {newest.get('pid')})"
+    elif crashed:
+        ts.needs_rerun, ts.reason = True, (f"crashed: state 'running' but no process holds its lock "
+                                           f"(last on {crashed[0].get('host')}, pid {crashed[0].get('pid')})")
+    elif ts.state != DONE:
+        ts.needs_rerun, ts.reason = True, ts.state
+    elif counts != {task_count}:
+        ts.needs_rerun, ts.reason = True, f"ran with task count {sorted(counts)}, not {task_count}"
+    elif over:
+        ts.needs_rerun, ts.reason = True, f"error threshold exceeded: {over}"
+
+
+def collect_status(out: str | Path, examples: int = 5) -> StatusReport:
+    """The status of every task of an output (raises OutputError when OUT is not an mmenc output)."""
+    od = OutDir(out)
+    if not od.root.is_dir():
+        raise OutputError(f"{od.root}: no such output folder")
+    metas = _metas(od)
+    task_count = _task_count(od, metas)
+    encoded, keys, within = _scan_shards(od)
+    errors = _errors_by_task(od)
+    tasks = []
+    for t in sorted(set(range(task_count)) | set(metas) | {k for k in encoded if k >= 0}):
+        ts = TaskStatus(task=t, encoded=encoded.get(t, 0), errors=errors.get(t, 0))
+        _judge(ts, metas.get(t, []), od, task_count)
+        tasks.append(ts)
+    current = [ts for ts in tasks if ts.task < task_count]
+    all_done = all(ts.state == DONE and not ts.needs_rerun and not ts.running for ts in current)
+    return StatusReport(out=str(od.root), task_count=task_count, tasks=tasks,
+                        duplicates=_duplicates(od, keys, within, examples), all_done=all_done,
+                        rerun=[ts.task for ts in tasks if ts.needs_rerun])

@@ -301,9 +301,11 @@ def inspect(out: OutArg, json_out: JsonOpt = False) -> None:
 
 def _register_subapps() -> None:
     from .cli_errors import errors_app
+    from .cli_export import export_app
     from .cli_slurm import register as register_slurm
 
     app.add_typer(errors_app, name="errors")
+    app.add_typer(export_app, name="export")
     register_slurm(app)
 
 

@@ -65,6 +65,7 @@ REASONS: dict[str, tuple[int, str]] = {
     "remote.timeout": (504, "the fetch timed out after all retries"),
     "text.empty": (422, "the text is empty after stripping"),
     "preprocess.failed": (500, "the model's processor or tokenizer failed on this item"),
+    "preprocess.unsupported_shape": (422, "the image's shape is one the model's processor refuses (aspect ratio > 200)"),
     "encode.failed": (500, "the encoder raised on this item (after bisecting its batch)"),
     "encode.non_finite": (500, "the embedding holds NaN or Inf"),
     "encode.output_count": (500, "the encoder returned a different number of outputs than inputs"),

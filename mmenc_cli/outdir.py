@@ -10,6 +10,7 @@ readers pointed at OUT see only embeddings::
         tasks/task-00000.json              per task: state, counts, timings, versions (last run)
         errors/errors-t00000-w00.jsonl     error reports, one per task and worker, append-only
         sidecars/part-....parquet          ids + kept fields of safetensors shards
+        index/part-....parquet             ids, grids, sizes + kept fields of token shards
         locks/task-00000.lock              one lock per (OUT, task)
         tmp/                               shards being written (renamed into place when complete)
 
@@ -131,6 +132,10 @@ class OutDir:
     def sidecar_path(self, shard: str) -> Path:
         return self.meta / "sidecars" / (Path(shard).stem + ".parquet")
 
+    def index_path(self, shard: str) -> Path:
+        """The Parquet index of a token shard (ids, grids, sizes, kept fields)."""
+        return self.meta / "index" / (Path(shard).stem + ".parquet")
+
     def tmp_path(self, name: str) -> Path:
         return self.meta / "tmp" / f".{name}.tmp"
 
@@ -144,7 +149,7 @@ class OutDir:
     def prepare(self) -> None:
         """Create OUT and its `_mmenc` folders; fail with OutputError when not writable."""
         try:
-            for sub in ("tasks", "errors", "sidecars", "locks", "tmp"):
+            for sub in ("tasks", "errors", "sidecars", "index", "locks", "tmp"):
                 (self.meta / sub).mkdir(parents=True, exist_ok=True)
             probe = self.meta / "tmp" / f".probe-{os.getpid()}"
             probe.write_bytes(b"")
@@ -168,10 +173,11 @@ class OutDir:
         for path in (self.meta / "tmp").glob(f".part-t{task:05d}-*"):
             path.unlink(missing_ok=True)
             removed += 1
-        for side in (self.meta / "sidecars").glob(f"part-t{task:05d}-*.parquet"):
-            if not any((self.root / (side.stem + ext)).exists() for ext in SHARD_EXTS):
-                side.unlink(missing_ok=True)  # sidecar of a shard whose rename never happened
-                removed += 1
+        for folder in ("sidecars", "index"):  # safetensors sidecars, token-shard indexes
+            for side in (self.meta / folder).glob(f"part-t{task:05d}-*.parquet"):
+                if not any((self.root / (side.stem + ext)).exists() for ext in SHARD_EXTS):
+                    side.unlink(missing_ok=True)  # written for a shard whose rename never happened
+                    removed += 1
         return removed
 
     # ---- shards -------------------------------------------------------------------------
@@ -299,5 +305,8 @@ def iter_shard_keys(out: OutDir) -> Iterator[tuple[Path, list[str], list[str]]]:
 
     for shard in out.shards():
         source = shard if shard.suffix == ".parquet" else out.sidecar_path(shard.name)
+        index = out.index_path(shard.name)  # token shards (writers/tokens.py)
+        if shard.suffix != ".parquet" and index.exists():
+            source = index
         table = pq.read_table(source, columns=["id", "modality"])
         yield shard, table.column("id").to_pylist(), table.column("modality").to_pylist()

@@ -553,9 +553,8 @@ class _Stages:
         if self.pool is not None:
             for chunk, results in self.pool.ready():
                 self._collect(chunk, results)
-            while len(self.images) >= self.batch_size:
-                self._encode_images(self.images[: self.batch_size])
-                self.images = self.images[self.batch_size:]
+            while (batch := self._take_image_batch(final=False)):
+                self._encode_images(batch)
 
     def _collect(self, chunk: list[Item], results: list[Any]) -> None:
         secs = self.run.counters.seconds
@@ -574,12 +573,10 @@ class _Stages:
                 if self.pool is not None:
                     for chunk, results in self.pool.drain():
                         self._collect(chunk, results)
-                        while len(self.images) >= self.batch_size:
-                            self._encode_images(self.images[: self.batch_size])
-                            self.images = self.images[self.batch_size:]
-                if self.images:
-                    self._encode_images(self.images)
-                    self.images = []
+                        while (batch := self._take_image_batch(final=False)):
+                            self._encode_images(batch)
+                while (batch := self._take_image_batch(final=True)):
+                    self._encode_images(batch)
                 self._encode_texts(final=True)
             if self.writer is not None:
                 self._flush_shard()
@@ -610,6 +607,32 @@ class _Stages:
             if self.run.stop.is_set():
                 return
 
+    def _take_image_batch(self, final: bool) -> list[tuple[Item, Any]] | None:
+        """Cut the next image batch off `self.images`, or None when no full batch is ready yet.
+
+        A batch holds at most `--batch-size` images and, with `--max-batch-tokens`, at most that
+        many tokens (each image's `meta["tokens"]`; an image over the budget goes alone). It is
+        ready when full by count, when the next image would overflow the budget, or at the end.
+        """
+        images, cap = self.images, self.batch_size
+        budget = self.cfg.batch.max_batch_tokens
+        if budget is None:
+            cut = min(cap, len(images))
+            if cut == 0 or (cut < cap and not final):
+                return None
+        else:
+            cut = total = 0
+            for _item, payload in images[:cap]:
+                tokens = int((getattr(payload, "meta", None) or {}).get("tokens") or 0)
+                if cut and total + tokens > budget:
+                    break
+                total += tokens
+                cut += 1
+            if cut == 0 or (cut == len(images) and cut < cap and not final):
+                return None
+        batch, self.images = images[:cut], images[cut:]
+        return batch
+
     def _encode_images(self, batch: list[tuple[Item, Any]]) -> None:
         self._encode("image", [b[0] for b in batch], [b[1] for b in batch])
 
@@ -618,13 +641,13 @@ class _Stages:
         outcomes = self.runner.run(modality, payloads)
         self.run.counters.seconds["encode"] += time.perf_counter() - t0
         ms = self.run.counters.mod(modality)
-        for item, oc in zip(items, outcomes):
+        for item, payload, oc in zip(items, payloads, outcomes):
             if oc.error is not None:
                 self.run._record(oc.error, row=item.row, modality=modality)
                 continue
             ms.encoded += 1
             ms.truncated += int(oc.truncated)
-            self.shard.add(item.row.id, modality, oc.value, item.row.keep, item.row)
+            self.shard.add(item.row.id, modality, oc.value, item.row.keep, item.row, getattr(payload, "meta", None))
             if len(self.shard) >= self.cfg.writer.shard_size:
                 self._flush_shard()
         for ev in self.runner.stats.events:

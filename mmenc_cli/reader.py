@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -28,6 +28,9 @@ def _shard_meta(path: Path) -> dict[str, Any]:
 
 def _read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str], list[str], np.ndarray]:
     """ids, modalities and a float32 matrix of one shard (rows of `modality` only when given)."""
+    if _is_token_shard(out, path):
+        raise ValueError(f"{path.name} holds token embeddings ([tokens, dim] per item): read them with "
+                         "read_token_embedding or iter_token_embeddings")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -113,7 +116,11 @@ def inspect_output(out: str | Path) -> InspectReport:
         entry: dict[str, Any] = {"name": shard.name, "rows": 0, "ok": True}
         try:
             meta = _shard_meta(shard)
-            ids, mods, matrix = _read_shard(od, shard, None)
+            if _is_token_shard(od, shard):
+                ids, mods, dim = _check_token_shard(od, shard, facts)
+                matrix = np.broadcast_to(np.float32(0), (len(ids), dim or 0))  # shape only (no memory)
+            else:
+                ids, mods, matrix = _read_shard(od, shard, None)
             entry["rows"] = len(ids)
             for m in mods:
                 report.by_modality[m] = report.by_modality.get(m, 0) + 1
@@ -135,3 +142,104 @@ def inspect_output(out: str | Path) -> InspectReport:
         entry["task"] = parsed.task if parsed else None
         report.shards.append(entry)
     return report
+
+
+# ------------------------------------------------------------------------------ token outputs
+
+
+@dataclass
+class TokenEmbedding:
+    """One item of a `--pooling tokens` output: its `[tokens, dim]` array and `image_grid_thw`.
+
+    `array` is numpy in the stored dtype (float16/float32), or a torch tensor when read with
+    `framework="pt"` (the only way to read bfloat16). `info` is the item's index row.
+    """
+
+    id: str
+    modality: str
+    array: Any
+    grid: tuple[int, int, int] | None
+    info: dict[str, Any]
+
+
+def _token_index(od: OutDir, shard: Path) -> Path:
+    from .writers.tokens import index_path
+
+    return index_path(od, shard.name)
+
+
+def _is_token_shard(od: OutDir, shard: Path) -> bool:
+    return shard.suffix == ".safetensors" and _token_index(od, shard).exists()
+
+
+def _check_token_shard(od: OutDir, shard: Path, facts: dict[str, Any]) -> tuple[list[str], list[str], int | None]:
+    """Check a token shard against its index (keys, shapes, dtype) without loading tensors."""
+    import pyarrow.parquet as pq
+    from safetensors import safe_open
+
+    rows = pq.read_table(_token_index(od, shard)).to_pylist()
+    dims = {r["dim"] for r in rows}
+    if len(dims) > 1:
+        raise ValueError(f"token dims differ within the shard: {sorted(dims)}")
+    with safe_open(str(shard), framework="numpy") as fh:
+        keys = set(fh.keys())
+        for r in rows:
+            if r["key"] not in keys:
+                raise ValueError(f"index row {r['id']!r} names missing tensor {r['key']}")
+            shape = list(fh.get_slice(r["key"]).get_shape())
+            if shape != [r["tokens"], r["dim"]]:
+                raise ValueError(f"{r['key']} has shape {shape}, the index says [{r['tokens']}, {r['dim']}]")
+    if len(keys) != len(rows):
+        raise ValueError(f"{len(keys)} tensors but {len(rows)} index rows")
+    return [r["id"] for r in rows], [r["modality"] for r in rows], (dims.pop() if dims else facts.get("dim"))
+
+
+def _load_tensor(shard: Path, key: str, framework: str) -> Any:
+    from safetensors import safe_open
+
+    with safe_open(str(shard), framework=framework) as fh:
+        if framework == "numpy" and "BF16" in str(fh.get_slice(key).get_dtype()).upper():
+            raise ValueError(f"{shard.name} stores bfloat16, which numpy cannot hold: pass framework='pt' "
+                             "(needs torch)")
+        return fh.get_tensor(key)
+
+
+def iter_token_embeddings(out: str | Path, modality: str | None = "image",
+                          framework: str = "np") -> Iterator[TokenEmbedding]:
+    """Every item of a `--pooling tokens` output, shard by shard (`framework`: "np" or "pt")."""
+    import pyarrow.parquet as pq
+
+    fw = {"np": "numpy", "numpy": "numpy", "pt": "pt", "torch": "pt"}[framework]
+    od = OutDir(out)
+    for shard in od.shards(".safetensors"):
+        if not _is_token_shard(od, shard):
+            continue
+        for row in pq.read_table(_token_index(od, shard)).to_pylist():
+            if modality is not None and row["modality"] != modality:
+                continue
+            grid = row.get("image_grid_thw")
+            yield TokenEmbedding(row["id"], row["modality"], _load_tensor(shard, row["key"], fw),
+                                 tuple(int(x) for x in grid) if grid is not None else None, row)
+
+
+def read_token_embedding(out: str | Path, id: str, modality: str = "image",
+                         framework: str = "np") -> tuple[Any, tuple[int, int, int] | None]:
+    """One item's `[tokens, dim]` array (stored dtype) and its `image_grid_thw` (t, h, w).
+
+    Raises KeyError when the output holds no such item.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    fw = {"np": "numpy", "numpy": "numpy", "pt": "pt", "torch": "pt"}[framework]
+    od = OutDir(out)
+    for shard in od.shards(".safetensors"):
+        if not _is_token_shard(od, shard):
+            continue
+        table = pq.read_table(_token_index(od, shard), columns=["id", "modality", "key", "image_grid_thw"])
+        hit = table.filter(pc.and_(pc.equal(table["id"], id), pc.equal(table["modality"], modality)))
+        if hit.num_rows:
+            row = hit.to_pylist()[0]
+            grid = row.get("image_grid_thw")
+            return _load_tensor(shard, row["key"], fw), (tuple(int(x) for x in grid) if grid is not None else None)
+    raise KeyError(f"no {modality} token embedding with id {id!r} in {od.root}")

@@ -82,9 +82,8 @@ def _is_vision_backbone(probe: ModelProbe) -> bool:
 FAMILIES: list[Family] = [
     Family("sentence-transformers", lambda p: p.st_modules is not None, ".sentence:load",
            frozenset({"auto", "cls", "mean"})),
-    # The Qwen2-VL token adapter plugs in here, e.g.:
-    # Family("qwen2-vl", lambda p: p.model_type in ("qwen2_vl", "qwen2_5_vl"), ".qwen2vl:load",
-    #        frozenset({"tokens"})),
+    Family("qwen2-vl", lambda p: p.model_type in ("qwen2_vl", "qwen2_5_vl"), ".qwen_vl:load",
+           frozenset({"tokens", "mean"})),
     Family("clip", lambda p: p.model_type in DUAL_TOWER_TYPES, ".hf:load_dual", frozenset({"auto"})),
     Family("vision", _is_vision_backbone, ".hf:load_vision", frozenset({"auto", "cls", "mean"})),
 ]

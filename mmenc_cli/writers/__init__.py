@@ -22,13 +22,16 @@ class ShardData:
     vectors: list[np.ndarray] = field(default_factory=list)
     keep: dict[str, list[Any]] = field(default_factory=dict)
     refs: list[Any] = field(default_factory=list)  # the ManifestRow of each embedding (for error rows)
+    metas: list[dict[str, Any]] = field(default_factory=list)  # per-item facts (ImageInput.meta: grid, size)
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def add(self, id: str, modality: str, vector: np.ndarray, keep: dict[str, Any], ref: Any = None) -> None:
-        """Append one embedding with its kept fields (and its row, to report a failed write)."""
+    def add(self, id: str, modality: str, vector: np.ndarray, keep: dict[str, Any], ref: Any = None,
+            meta: dict[str, Any] | None = None) -> None:
+        """Append one embedding with its kept fields, its row (to report a failed write) and facts."""
         self.refs.append(ref)
+        self.metas.append(meta or {})
         self.ids.append(id)
         self.modalities.append(modality)
         self.vectors.append(vector)
@@ -71,7 +74,11 @@ def write_tmp(out: OutDir, name: str, writer_fn: Any) -> Path:
 
 
 def make_writer(fmt: str, out: OutDir, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> ShardWriter:
-    """The writer for `--format`."""
+    """The writer for `--format` (token shards + index when the encoder's output_kind is tokens)."""
+    if meta.get("output_kind") == "tokens":
+        from .tokens import TokenShardWriter
+
+        return TokenShardWriter(out, meta, out_dtype, keep)
     if fmt == "parquet":
         from .parquet import ParquetShardWriter
 

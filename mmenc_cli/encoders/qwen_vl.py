@@ -1,0 +1,465 @@
+"""Qwen2-VL / Qwen2.5-VL vision towers: token-level (`--pooling tokens`) or mean-pooled image embeddings.
+
+Only the vision tower is built and loaded: its class comes from the checkpoint's
+`config.vision_config`, and only the `visual.*` tensors (transformers 5 and the original Qwen
+checkpoints) or `model.visual.*` tensors (checkpoints saved by transformers 4.5x) are read from
+the safetensors file(s) with `safe_open`; the language model's weights are never read. A model
+folder needs its config, weights and image processor; a tokenizer is not used.
+
+Images cross processes as uint8 patches (`QwenPatchPreprocessor`, torch-free, in the decode
+workers): RGB -> `smart_resize` (the processor's own rule) -> PIL resize -> patches laid out
+exactly as the processor flattens them, but before rescale/normalize and without the temporal
+copy. On the device a 3 x 256 lookup table (the processor's own float32 arithmetic) normalizes
+them and the temporal copy is a broadcast, so `pixel_values` equal the processor's bit for bit.
+Processors this module cannot reproduce fall back to running the processor in the worker
+(`QwenProcessorPreprocessor`, float32 patches).
+
+Per image the worker also records `meta`: `image_grid_thw` (t, h, w), `tokens` =
+t*h*w / merge_size^2, `orig_size` (w, h), `min_pixels`, `max_pixels`. The encoder checks that
+the tower produced exactly those tokens for every image (`check_outputs`: 500
+`encode.token_mismatch` "Encoder produced N tokens, but preprocessing expected M"), and raises
+inside `encode` when the grids do not match the images sent or the outputs do not match the
+batch, so the batching stage bisects down to the guilty items and nothing is ever shifted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..errors import MMError
+from . import ModelLoadError, ModelProbe, fetch_file
+from .base import EncodeOutput, ImageInput
+from .images import normalization_table, to_rgb
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from PIL import Image
+
+    from ..config import ModelConfig
+
+log = logging.getLogger("mmenc")
+
+#: model_type -> (module, vision tower class) in transformers
+TOWERS: dict[str, tuple[str, str]] = {
+    "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VisionTransformerPretrainedModel"),
+    "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel"),
+}
+#: where checkpoints keep the vision tower: transformers 5 saves (and Qwen's originals) use `visual.`,
+#: transformers 4.5x saves `model.visual.`
+VISUAL_PREFIXES = ("visual.", "model.visual.")
+MAX_ASPECT = 200  # the processor refuses more extreme aspect ratios
+
+
+def token_mismatch(produced: int, expected: int) -> MMError:
+    """The one error for an item whose token count differs from what preprocessing promised."""
+    return MMError(f"Encoder produced {produced} tokens, but preprocessing expected {expected}",
+                   stage="encode", reason="encode.token_mismatch")
+
+
+def _images(n: int) -> str:
+    return f"{n} image" if n == 1 else f"{n} images"
+
+
+# ------------------------------------------------------------------------------ preprocessing
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(height, width) rounded to multiples of `factor` with the pixel count in [min, max]:
+    the same arithmetic as transformers' `qwen2_vl` `smart_resize`."""
+    if max(height, width) / min(height, width) > MAX_ASPECT:
+        raise ValueError(f"absolute aspect ratio must be smaller than {MAX_ASPECT}, "
+                         f"got {max(height, width) / min(height, width)}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def patchify(pixels: np.ndarray, patch: int, merge: int) -> np.ndarray:
+    """CHW pixels -> `[grid_h * grid_w, C * patch * patch]` in the processor's patch order
+    (merge windows contiguous), without its temporal copy."""
+    c, h, w = pixels.shape
+    gh, gw = h // patch, w // patch
+    x = pixels.reshape(c, gh // merge, merge, patch, gw // merge, merge, patch)
+    x = x.transpose(1, 4, 2, 5, 0, 3, 6)  # (gh/m, gw/m, m, m, C, p, p)
+    return np.ascontiguousarray(x.reshape(gh * gw, c * patch * patch))
+
+
+@dataclass(frozen=True)
+class QwenPatchPreprocessor:
+    """Worker side: RGB -> smart resize -> uint8 patches `[h*w, C*p*p]` + grid meta. Torch-free."""
+
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    min_pixels: int
+    max_pixels: int
+    resample: int
+
+    def __call__(self, image: "Image.Image") -> ImageInput:
+        image = to_rgb(image)
+        width, height = image.size
+        try:
+            new_h, new_w = smart_resize(height, width, self.patch_size * self.merge_size,
+                                        self.min_pixels, self.max_pixels)
+        except ValueError as exc:  # the input's shape, not our failure
+            raise MMError(str(exc), stage="preprocess", reason="preprocess.unsupported_shape",
+                          error="ValueError") from None
+        if (new_h, new_w) != (height, width):
+            image = image.resize((new_w, new_h), resample=self.resample)
+        pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
+        patches = patchify(pixels, self.patch_size, self.merge_size)
+        grid = (1, new_h // self.patch_size, new_w // self.patch_size)
+        return ImageInput(patches, self.meta(grid, (width, height)))
+
+    def meta(self, grid: tuple[int, int, int], orig_size: tuple[int, int]) -> dict[str, Any]:
+        """The per-image facts the encoder checks and the writer indexes."""
+        t, h, w = grid
+        return {"image_grid_thw": (int(t), int(h), int(w)), "tokens": int(t * h * w) // self.merge_size ** 2,
+                "orig_size": (int(orig_size[0]), int(orig_size[1])),
+                "min_pixels": int(self.min_pixels), "max_pixels": int(self.max_pixels)}
+
+
+@dataclass(frozen=True)
+class QwenProcessorPreprocessor:
+    """Fallback: the model's own image processor in the worker; float32 patches `[h*w, C*T*p*p]`.
+
+    Unpickling it imports transformers (and torch) in the worker; used only for processors the
+    uint8 path cannot reproduce (subclasses, remote code, no resizing).
+    """
+
+    processor: Any
+    plan: QwenPatchPreprocessor
+
+    def __call__(self, image: "Image.Image") -> ImageInput:
+        out = self.processor(images=[image], return_tensors="np")
+        grids = np.asarray(out["image_grid_thw"]).reshape(-1, 3)
+        if len(grids) != 1:
+            raise MMError(f"the image processor produced {len(grids)} grids for one image",
+                          stage="preprocess", reason="preprocess.failed")
+        patches = np.asarray(out["pixel_values"], dtype=np.float32)
+        grid = (int(grids[0][0]), int(grids[0][1]), int(grids[0][2]))
+        return ImageInput(patches, self.plan.meta(grid, image.size))
+
+
+def plan_preprocessor(processor: Any, vision_config: Any) -> tuple[Any, np.ndarray | None]:
+    """The worker preprocessor for this image processor, and the normalization table (uint8 path).
+
+    Raises `ModelLoadError` when the processor's patching disagrees with the vision tower's.
+    """
+    size = getattr(processor, "size", None)
+    min_pixels = getattr(size, "shortest_edge", None) or getattr(size, "min_pixels", None)
+    max_pixels = getattr(size, "longest_edge", None) or getattr(size, "max_pixels", None)
+    patch = int(getattr(processor, "patch_size", 14))
+    merge = int(getattr(processor, "merge_size", 2))
+    temporal = int(getattr(processor, "temporal_patch_size", 2))
+    for name, ours in (("patch_size", patch), ("spatial_merge_size", merge), ("temporal_patch_size", temporal)):
+        theirs = getattr(vision_config, name, ours)
+        if int(theirs) != ours:
+            raise ModelLoadError(f"image processor {name} {ours} differs from the vision tower's {theirs}")
+    if not (min_pixels and max_pixels):
+        raise ModelLoadError("the image processor has no min/max pixels (size.shortest_edge/longest_edge)")
+    resample = 3 if processor.resample is None else int(processor.resample)  # Qwen's default: bicubic
+    plan = QwenPatchPreprocessor(patch, merge, temporal, int(min_pixels), int(max_pixels), resample)
+    if not _reproducible(processor):
+        log.info("%s: image processor not reproducible in workers; running it there (float32 patches)",
+                 type(processor).__name__)
+        return QwenProcessorPreprocessor(processor, plan), None
+    table = normalization_table(bool(processor.do_rescale), float(processor.rescale_factor or 1.0),
+                                bool(processor.do_normalize), processor.image_mean, processor.image_std)
+    return plan, table
+
+
+def _reproducible(processor: Any) -> bool:
+    """True for transformers' own PIL Qwen2-VL processor, unmodified, resizing and converting to RGB."""
+    try:
+        from transformers.image_processing_backends import PilBackend
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as Ref
+    except ImportError:  # pragma: no cover - other transformers layouts
+        return False
+    cls = type(processor)
+    same = all(getattr(cls, m, None) is getattr(Ref, m, None) for m in
+               ("preprocess", "_preprocess", "resize", "patchify", "rescale", "normalize", "convert_to_rgb",
+                "process_image", "_standardize_kwargs"))
+    mean = np.asarray(getattr(processor, "image_mean", 0.0) or 0.0)
+    return (isinstance(processor, PilBackend) and same and bool(processor.do_resize)
+            and getattr(processor, "do_convert_rgb", True) is not False and mean.size in (1, 3))
+
+
+# ------------------------------------------------------------------------------------ encoder
+
+
+class QwenVLEncoder:
+    """A Qwen2-VL / Qwen2.5-VL vision tower behind the `Encoder` protocol (images only).
+
+    `pooling="tokens"`: `output_kind` "tokens", one float32 `[tokens_i, dim]` tensor per image.
+    `pooling="mean"`: `output_kind` "pooled", the mean of each image's tokens.
+    `dim` is the merger's output size (the language model's hidden size).
+
+    `_prepare` (payloads -> pixel_values, grid_thw) and `tower` (pixel_values, grid_thw ->
+    merged tokens, one tensor or one per image) are the seams tests use to inject faults.
+    """
+
+    family = "qwen2-vl"
+    modalities = frozenset({"image"})
+    default_normalize = False
+
+    def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, visual: Any, processor: Any, *,
+                 pooling: str, weights: dict[str, Any] | None = None) -> None:
+        import torch
+
+        if pooling not in ("tokens", "mean"):
+            raise ModelLoadError(f"--pooling {pooling} is not supported for Qwen2-VL towers (tokens, mean)")
+        self.visual, self.device, self.pooling = visual, device, pooling
+        self.output_kind = "tokens" if pooling == "tokens" else "pooled"
+        self.dtype = next(visual.parameters()).dtype
+        self._prep, table = plan_preprocessor(processor, visual.config)
+        plan = self._prep if table is not None else self._prep.plan
+        self.merge = plan.merge_size
+        self._patch, self._temporal = plan.patch_size, plan.temporal_patch_size
+        self._table = None
+        if table is not None:
+            self._table = torch.from_numpy(table).reshape(-1).to(device)
+            per_channel = plan.patch_size * plan.patch_size
+            cols = torch.arange(3 * per_channel, dtype=torch.int32, device=device)
+            self._col_offsets = ((cols // per_channel) * 256).view(1, -1)
+        self.info: dict[str, Any] = {
+            "model": cfg.model, "revision": cfg.revision, "commit": probe.commit, "family": self.family,
+            "model_type": probe.model_type, "pooling": pooling, "device": device,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "image_input": "uint8-patches" if table is not None else "float32-patches",
+            "min_pixels": plan.min_pixels, "max_pixels": plan.max_pixels, "patch_size": plan.patch_size,
+            "merge_size": plan.merge_size, "temporal_patch_size": plan.temporal_patch_size,
+            "default_normalize": False, "compile": False, "weights": dict(weights or {}),
+        }
+        if cfg.compile:
+            log.warning("--compile is not used for Qwen2-VL towers (every batch has another shape)")
+        self.dim = self._probe_dim()
+
+    # -- Encoder protocol
+
+    def image_preprocessor(self) -> Any:
+        """The picklable worker-side preprocessor (torch-free on the uint8 path)."""
+        return self._prep
+
+    def encode(self, modality: str, payloads: Sequence[ImageInput]) -> EncodeOutput:
+        """Encode images: one float32 `[tokens, dim]` tensor each (tokens) or `[n, dim]` (mean).
+
+        Raises (so the batch is bisected) when preprocessing's grids do not match the images, or
+        the tower's outputs do not match the batch; an `MMError` raised for a single image is
+        that image's error.
+        """
+        import torch
+
+        if modality != "image":
+            raise ValueError(f"Qwen2-VL vision towers do not encode {modality!r}")
+        n = len(payloads)
+        with torch.inference_mode():
+            pixel_values, grid = self._prepare(payloads)
+            if int(grid.shape[0]) != n:
+                raise MMError(f"preprocessing produced {int(grid.shape[0])} image grids for {_images(n)}",
+                              stage="encode", reason="preprocess.failed")
+            expected = (grid.prod(-1) // self.merge ** 2).tolist()
+            per_image = self._split(self.tower(pixel_values, grid), expected)
+            if self.output_kind == "tokens":
+                return EncodeOutput([t.float() for t in per_image])
+            for got, want in zip(per_image, expected):
+                if int(got.shape[0]) != want:
+                    if n == 1:
+                        raise token_mismatch(int(got.shape[0]), want)
+                    raise MMError(f"a batch of {_images(n)} has a token-count mismatch", stage="encode",
+                                  reason="encode.token_mismatch")
+            return EncodeOutput(torch.stack([t.float().mean(dim=0) for t in per_image]))
+
+    def check_outputs(self, modality: str, payloads: Sequence[ImageInput],
+                      vectors: Sequence[np.ndarray]) -> list[MMError | None]:
+        """Per image: its token rows must equal t*h*w / merge^2 from preprocessing, its width `dim`."""
+        errors: list[MMError | None] = []
+        for payload, vec in zip(payloads, vectors):
+            err = None
+            if vec.ndim == 2:
+                expected = int(payload.meta["tokens"])
+                if vec.shape[0] != expected:
+                    err = token_mismatch(int(vec.shape[0]), expected)
+                elif vec.shape[1] != self.dim:
+                    err = MMError(f"Encoder produced {vec.shape[1]}-dim tokens, expected {self.dim}",
+                                  stage="encode", reason="encode.failed")
+            errors.append(err)
+        return errors
+
+    # -- internals
+
+    def tower(self, pixel_values: "torch.Tensor", grid: "torch.Tensor") -> Any:
+        """The vision tower's merged tokens for a batch: `[sum(tokens_i), dim]`."""
+        import torch
+
+        out = self.visual(pixel_values, grid_thw=grid)
+        return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+    def _prepare(self, payloads: Sequence[ImageInput]) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """The batch's `pixel_values` `[sum(t*h*w), C*T*p*p]` (model dtype) and `grid_thw` `[n, 3]`."""
+        import torch
+
+        from .device import to_device
+
+        grids = [p.meta["image_grid_thw"] for p in payloads]
+        flat = np.concatenate([p.pixels for p in payloads]) if payloads else np.zeros((0, 0), np.uint8)
+        pixels = to_device(torch.from_numpy(flat), self.device)
+        if pixels.dtype == torch.uint8:
+            # exact: the table holds the processor's own float32 result for each (channel, value)
+            assert self._table is not None
+            p = self._patch
+            pixels = self._table[pixels.int() + self._col_offsets]
+            pixels = pixels.view(-1, 3, 1, p, p).expand(-1, 3, self._temporal, p, p).reshape(pixels.shape[0], -1)
+        grid = torch.tensor(grids, dtype=torch.long).reshape(-1, 3).to(self.device)
+        if int(pixels.shape[0]) != int(grid.prod(-1).sum()):
+            raise MMError(f"preprocessing produced {int(pixels.shape[0])} patches, its grids "
+                          f"{int(grid.prod(-1).sum())}", stage="encode", reason="preprocess.failed")
+        return pixels.to(self.dtype), grid
+
+    def _split(self, out: Any, expected: list[int]) -> list["torch.Tensor"]:
+        """One tensor per image; raises (bisect) when the outputs cannot be attributed to images."""
+        import torch
+
+        n = len(expected)
+        if isinstance(out, (list, tuple)):
+            if len(out) != n:
+                raise MMError(f"the vision tower returned {len(out)} outputs for {_images(n)}", stage="encode",
+                              reason="encode.output_count")
+            return list(out)
+        total = int(out.shape[0])
+        if total == sum(expected):
+            return list(torch.split(out, expected))
+        if n == 1:
+            return [out]  # `check_outputs` / the mean path report this image's mismatch
+        raise MMError(f"the vision tower returned {total} tokens for {_images(n)}; preprocessing expected "
+                      f"{sum(expected)}", stage="encode", reason="encode.token_mismatch")
+
+    def _probe_dim(self) -> int:
+        """Encode one dummy image: fixes `dim` and fails at startup, not at batch one."""
+        from PIL import Image
+
+        dummy = self._prep(Image.new("RGB", (56, 56), (120, 90, 60)))
+        try:
+            vectors = self.encode("image", [dummy]).vectors
+        except Exception as exc:
+            raise ModelLoadError(f"{self.info['model']}: a test image encode failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        first = vectors[0]
+        self.dim = int(first.shape[-1])
+        errors = self.check_outputs("image", [dummy], [first.cpu().numpy()])
+        if errors[0] is not None:
+            raise ModelLoadError(f"{self.info['model']}: test image: {errors[0].message}")
+        return self.dim
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def _weight_files(probe: ModelProbe, cfg: "ModelConfig") -> list[str]:
+    """The safetensors file(s) holding the vision tower (only those shards of a sharded checkpoint)."""
+    index = fetch_file(probe.source, "model.safetensors.index.json", cfg.revision)
+    if index is not None:
+        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
+        names = sorted({f for k, f in weight_map.items() if k.startswith(VISUAL_PREFIXES)})
+        if not names:
+            raise ModelLoadError(f"{probe.source}: the checkpoint index lists no vision tower weights "
+                                 f"({' or '.join(p + '*' for p in VISUAL_PREFIXES)})")
+    else:
+        names = ["model.safetensors"]
+    files = []
+    for name in names:
+        path = fetch_file(probe.source, name, cfg.revision)
+        if path is None:
+            raise ModelLoadError(f"{probe.source}: no {name} (mmenc loads Qwen2-VL towers from safetensors only)")
+        files.append(str(path))
+    return files
+
+
+def read_visual_state(files: Sequence[str]) -> tuple[dict[str, Any], str]:
+    """The vision tower's tensors (prefix stripped) from safetensors files, and the prefix used.
+
+    Only keys under `visual.` or `model.visual.` are read; both prefixes at once is an error.
+    """
+    from safetensors import safe_open
+
+    state: dict[str, Any] = {}
+    prefixes: set[str] = set()
+    for file in files:
+        with safe_open(file, framework="pt") as fh:
+            for key in fh.keys():
+                prefix = next((p for p in VISUAL_PREFIXES if key.startswith(p)), None)
+                if prefix is None:
+                    continue
+                prefixes.add(prefix)
+                state[key[len(prefix):]] = fh.get_tensor(key)
+    if len(prefixes) > 1:
+        raise ModelLoadError(f"the checkpoint holds the vision tower twice ({', '.join(sorted(prefixes))})")
+    if not state:
+        raise ModelLoadError(f"no vision tower weights ({' or '.join(p + '*' for p in VISUAL_PREFIXES)}) "
+                             f"in {', '.join(files)}")
+    return state, prefixes.pop()
+
+
+def build_tower(model_type: str, vision_config: Any, dtype: "torch.dtype") -> Any:
+    """The vision tower module for `model_type`, in `dtype`, without random initialization."""
+    import contextlib
+
+    module, name = TOWERS[model_type]
+    cls = getattr(importlib.import_module(module), name)
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - older transformers
+        no_init_weights = contextlib.nullcontext  # type: ignore[assignment]
+    with no_init_weights():
+        try:
+            return cls._from_config(vision_config, dtype=dtype)
+        except TypeError:  # pragma: no cover - transformers 4 names it torch_dtype
+            return cls._from_config(vision_config, torch_dtype=dtype)
+
+
+def load_vision_tower(probe: ModelProbe, cfg: "ModelConfig", dtype: "torch.dtype") -> tuple[Any, dict[str, Any]]:
+    """Build the tower from `config.vision_config` and load only its weights; (module, facts)."""
+    vision_config = getattr(probe.config, "vision_config", None)
+    if vision_config is None or probe.model_type not in TOWERS:
+        raise ModelLoadError(f"{probe.source}: not a Qwen2-VL / Qwen2.5-VL config")
+    files = _weight_files(probe, cfg)
+    state, prefix = read_visual_state(files)
+    visual = build_tower(probe.model_type, vision_config, dtype)
+    expected = set(visual.state_dict())
+    missing = sorted(expected - set(state))
+    if missing:
+        raise ModelLoadError(f"{probe.source}: vision tower weights missing from the checkpoint: "
+                             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    unexpected = sorted(set(state) - expected)
+    if unexpected:
+        log.warning("%s: %d checkpoint tensor(s) under %r not used by the tower: %s", probe.source,
+                    len(unexpected), prefix, ", ".join(unexpected[:5]))
+    visual.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True)
+    return visual.eval(), {"prefix": prefix, "tensors": len(expected), "files": len(files)}
+
+
+def load(probe: ModelProbe, cfg: "ModelConfig", device: str) -> QwenVLEncoder:
+    """Family loader: the vision tower only, in `--dtype` on `device`, plus the image processor."""
+    from .device import resolve_dtype
+    from .hf import load_part
+
+    processor, why = load_part("image", probe, cfg)
+    if processor is None:
+        raise ModelLoadError(f"{probe.source}: {why}")
+    visual, weights = load_vision_tower(probe, cfg, resolve_dtype(cfg.dtype, device))
+    return QwenVLEncoder(probe, cfg, device, visual.to(device), processor, pooling=cfg.pooling, weights=weights)

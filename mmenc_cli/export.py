@@ -1,0 +1,148 @@
+"""Export token embeddings for serving engines: `mmenc export vllm OUT DEST`.
+
+vLLM accepts precomputed Qwen2-VL / Qwen2.5-VL image embeddings in place of the image itself
+(vLLM docs, docs/features/multimodal_inputs.md, "Embedding Inputs" -> "Image Embeddings", the
+Qwen2-VL variant; followed as of vLLM 0.11.1+, where the engine needs `enable_mm_embeds=True` /
+`--enable-mm-embeds`, and checked against the vLLM main-branch page at commit 01388347)::
+
+    multi_modal_data = {"image": {"image_embeds": Tensor[tokens, hidden of LM],
+                                  "image_grid_thw": Tensor[1, 3]}}   # (t, h, w), int64
+
+`export_vllm` writes, per image, `DEST/<safe id>.safetensors` holding exactly those two tensors
+(`image_embeds` in the output's dtype: float16 by default, float32, or bfloat16 which needs torch;
+`image_grid_thw` int64 `[1, 3]`) and `DEST/manifest.jsonl`, one line per image: `id`, `file`,
+`tokens`, `dim`, `dtype`, `image_grid_thw`, `orig_width`, `orig_height`. Feeding one image::
+
+    from safetensors.torch import load_file
+    from vllm import LLM
+
+    llm = LLM("Qwen/Qwen2-VL-2B-Instruct", enable_mm_embeds=True, limit_mm_per_prompt={"image": 1})
+    t = load_file("DEST/<file from manifest.jsonl>")
+    prompt = ("<|im_start|>user\\n<|vision_start|><|image_pad|><|vision_end|>"
+              "Describe this image.<|im_end|>\\n<|im_start|>assistant\\n")
+    out = llm.generate({"prompt": prompt, "multi_modal_data": {"image": {
+        "image_embeds": t["image_embeds"], "image_grid_thw": t["image_grid_thw"]}}})
+
+Several images in one prompt: concatenate their `image_embeds` along dim 0 and their
+`image_grid_thw` rows (`[n, 3]`), in prompt order. The embeddings must come from the vision tower
+of the same model (and `min_pixels`/`max_pixels` the server would use do not matter: the grid
+travels with the embedding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .outdir import OutDir, OutputError, fsync_dir
+
+MANIFEST = "manifest.jsonl"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote."""
+
+    dest: str
+    items: int
+    tokens: int
+    dtype: str | None
+    manifest: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dict(self.__dict__)
+
+
+def export_filename(id: str) -> str:
+    """A file name for `id` that is safe on any filesystem and never collides: the id with unsafe
+    characters replaced (at most 64 kept), then 16 hex digits of its SHA-256."""
+    stem = _UNSAFE.sub("_", id).strip("._")[:64] or "item"
+    return f"{stem}-{hashlib.sha256(id.encode('utf-8')).hexdigest()[:16]}.safetensors"
+
+
+def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -> ExportResult:
+    """Write the `image_embeds` + `image_grid_thw` files and `manifest.jsonl` of every image item
+    of the token output `out` into `dest` (see the module docstring).
+
+    `dest` must be empty, missing, or (with `overwrite`) a previous export, whose files are
+    removed first. Raises `OutputError` when `out` is not a token output.
+    """
+    from .reader import iter_token_embeddings
+
+    od = OutDir(out)
+    facts = (od.read_run_meta() or {}).get("facts") or {}
+    if facts.get("output_kind") != "tokens":
+        raise OutputError(f"{od.root} is not a --pooling tokens output (nothing to export to vLLM)")
+    dtype = facts.get("out_dtype")
+    dest = Path(dest).expanduser().absolute()
+    _prepare_dest(dest, overwrite)
+    framework = "pt" if dtype == "bfloat16" else "np"
+    tmp_manifest = dest / f".{MANIFEST}.tmp"
+    items = tokens = 0
+    with open(tmp_manifest, "w", encoding="utf-8") as fh:
+        for emb in iter_token_embeddings(od.root, modality="image", framework=framework):
+            if emb.grid is None:
+                raise OutputError(f"{emb.id}: the index holds no image_grid_thw")
+            name = export_filename(emb.id)
+            _write_item(dest / name, emb.array, emb.grid, framework)
+            row = {"id": emb.id, "file": name, "tokens": int(emb.array.shape[0]), "dim": int(emb.array.shape[1]),
+                   "dtype": dtype, "image_grid_thw": list(emb.grid),
+                   "orig_width": emb.info.get("orig_width"), "orig_height": emb.info.get("orig_height")}
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            items += 1
+            tokens += row["tokens"]
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp_manifest, dest / MANIFEST)
+    fsync_dir(dest)
+    return ExportResult(str(dest), items, tokens, dtype, str(dest / MANIFEST))
+
+
+def _prepare_dest(dest: Path, overwrite: bool) -> None:
+    if dest.exists() and not dest.is_dir():
+        raise OutputError(f"{dest} exists and is not a folder")
+    if dest.is_dir() and any(dest.iterdir()):
+        previous = dest / MANIFEST
+        if not previous.exists():
+            raise OutputError(f"{dest} is not empty and holds no earlier export ({MANIFEST}); choose an empty folder")
+        if not overwrite:
+            raise OutputError(f"{dest} holds an earlier export; pass --overwrite to replace it")
+        for line in previous.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                (dest / Path(json.loads(line)["file"]).name).unlink(missing_ok=True)
+        previous.unlink()
+    dest.mkdir(parents=True, exist_ok=True)
+
+
+def _write_item(path: Path, array: Any, grid: tuple[int, int, int], framework: str) -> None:
+    """Write one item's two tensors atomically (temp name, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    meta = {"format": "vllm-image-embeds", "producer": "mmenc"}
+    if framework == "pt":
+        import torch
+        from safetensors.torch import save_file as save_torch
+
+        save_torch({"image_embeds": array.contiguous(), "image_grid_thw": torch.tensor([list(grid)], dtype=torch.int64)},
+                   str(tmp), metadata=meta)
+    else:
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        save_file({"image_embeds": np.ascontiguousarray(array), "image_grid_thw": np.asarray([grid], dtype=np.int64)},
+                  str(tmp), metadata=meta)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+__all__ = ["ExportResult", "export_filename", "export_vllm"]

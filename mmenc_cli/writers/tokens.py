@@ -1,0 +1,96 @@
+"""Token shards (`--pooling tokens`): one `[tokens, dim]` tensor per item, indexed by a Parquet file.
+
+Shard `part-....safetensors` at the top of OUT holds tensors `emb.0`, `emb.1`, ... (float16 by
+default, float32, or bfloat16, which only torch reads), with the run's facts in its header under
+`mmenc`. Its index `_mmenc/index/part-....parquet` has one row per tensor (`INDEX_COLUMNS`, then
+the kept fields as strings). The index is written and fsynced first; the shard's rename commits
+both, and an index whose shard never got renamed is removed when its task restarts
+(`OutDir.clean_tmp`). Resume reads the ids from the index (`outdir.iter_shard_keys`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..outdir import OutDir, fsync_dir
+from . import ShardData, keep_value, write_tmp
+
+#: index columns, in order (kept fields follow)
+INDEX_COLUMNS = ("id", "modality", "shard", "key", "tokens", "dim", "dtype", "image_grid_thw",
+                 "orig_width", "orig_height", "min_pixels", "max_pixels")
+
+
+def index_path(out: OutDir, shard: str) -> Path:
+    """Where the index of token shard `shard` (a file name) lives: `_mmenc/index/<stem>.parquet`."""
+    return out.index_path(shard)
+
+
+def tensor_key(row: int) -> str:
+    """The tensor name of the `row`-th item of a token shard."""
+    return f"emb.{row}"
+
+
+class TokenShardWriter:
+    """Writes token shards and their Parquet index (see the module docstring)."""
+
+    ext = "safetensors"
+
+    def __init__(self, out: OutDir, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> None:
+        self.out = out
+        self.out_dtype = out_dtype
+        self.dim = int(meta["dim"])
+        self.keep = keep
+        self.meta = {"mmenc": json.dumps(meta, sort_keys=True), "mmenc_layout": "tokens"}
+
+    def index_table(self, data: ShardData, name: str) -> Any:
+        """The Arrow table indexing one shard."""
+        import pyarrow as pa
+
+        metas = data.metas
+        grids = [_grid(m) for m in metas]
+        sizes = [tuple(m.get("orig_size") or (None, None)) for m in metas]
+        columns: dict[str, Any] = {
+            "id": pa.array(data.ids, pa.string()),
+            "modality": pa.array(data.modalities, pa.string()),
+            "shard": pa.array([name] * len(data), pa.string()),
+            "key": pa.array([tensor_key(i) for i in range(len(data))], pa.string()),
+            "tokens": pa.array([int(v.shape[0]) for v in data.vectors], pa.int64()),
+            "dim": pa.array([int(v.shape[1]) for v in data.vectors], pa.int32()),
+            "dtype": pa.array([self.out_dtype] * len(data), pa.string()),
+            "image_grid_thw": pa.array(grids, pa.list_(pa.int32(), 3)),
+            "orig_width": pa.array([s[0] for s in sizes], pa.int32()),
+            "orig_height": pa.array([s[1] for s in sizes], pa.int32()),
+            "min_pixels": pa.array([m.get("min_pixels") for m in metas], pa.int64()),
+            "max_pixels": pa.array([m.get("max_pixels") for m in metas], pa.int64()),
+        }
+        columns.update({k: pa.array([keep_value(v) for v in data.keep[k]], pa.string()) for k in self.keep})
+        return pa.table(columns)
+
+    def write(self, data: ShardData, name: str) -> Path:
+        """Write and fsync the index, then the shard, and commit the shard atomically."""
+        import pyarrow.parquet as pq
+
+        from .safetensors import save_tensors
+
+        for v in data.vectors:
+            if v.ndim != 2 or v.shape[1] != self.dim:
+                raise ValueError(f"token embedding of shape {v.shape}, expected [tokens, {self.dim}]")
+        table = self.index_table(data, name)
+        final_index = index_path(self.out, name)
+        final_index.parent.mkdir(parents=True, exist_ok=True)
+        tmp_index = write_tmp(self.out, Path(name).stem + ".index.parquet", lambda p: pq.write_table(table, p))
+        os.replace(tmp_index, final_index)
+        fsync_dir(final_index.parent)
+        tensors = {tensor_key(i): np.ascontiguousarray(v, dtype=np.float32) for i, v in enumerate(data.vectors)}
+        tmp = write_tmp(self.out, name, lambda p: save_tensors(tensors, p, self.out_dtype, self.meta))
+        return self.out.commit(tmp, name)
+
+
+def _grid(meta: dict[str, Any]) -> list[int] | None:
+    grid = meta.get("image_grid_thw")
+    return [int(x) for x in grid] if grid is not None else None

@@ -12,6 +12,7 @@ readers pointed at OUT see only embeddings::
         sidecars/part-....parquet          ids + kept fields of safetensors shards
         index/part-....parquet             ids, grids, sizes + kept fields of token shards
         locks/task-00000.lock              one lock per (OUT, task)
+        slurm/, logs/                      sbatch scripts from `mmenc slurm`, array task logs
         tmp/                               shards being written (renamed into place when complete)
 
 A shard becomes visible only by an atomic rename after fsync; a run killed at any instant leaves
@@ -131,6 +132,16 @@ class OutDir:
 
     def sidecar_path(self, shard: str) -> Path:
         return self.meta / "sidecars" / (Path(shard).stem + ".parquet")
+
+    @property
+    def slurm_dir(self) -> Path:
+        """Where `mmenc slurm` writes sbatch scripts."""
+        return self.meta / "slurm"
+
+    @property
+    def logs_dir(self) -> Path:
+        """Where Slurm array tasks log by default."""
+        return self.meta / "logs"
 
     def index_path(self, shard: str) -> Path:
         """The Parquet index of a token shard (ids, grids, sizes, kept fields)."""
@@ -256,6 +267,28 @@ class TaskLock:
             return json.loads(text) if text.strip() else None
         except (OSError, json.JSONDecodeError):
             return None
+
+    def is_held(self) -> bool:
+        """True when a live process holds this lock (probed read-only, released at once)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise OutputError(f"cannot probe the task lock {self.path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return True
+            raise
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
 
     def acquire(self, wait: bool = False, poll: float = 1.0) -> None:
         """Take the lock, waiting (polling) when `wait`, else raising LockBusy at once."""

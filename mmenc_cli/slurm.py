@@ -200,12 +200,12 @@ def default_script_path(out: str | Path, now: float | None = None) -> Path:
 
 def slurm_dir(out: str | Path) -> Path:
     """Where generated scripts go: OUT/_mmenc/slurm."""
-    return OutDir(out).meta / "slurm"
+    return OutDir(out).slurm_dir
 
 
 def default_logs_dir(out: str | Path) -> Path:
     """Where array task logs go by default: OUT/_mmenc/logs."""
-    return OutDir(out).meta / "logs"
+    return OutDir(out).logs_dir
 
 
 def latest_script(out: str | Path) -> Path | None:

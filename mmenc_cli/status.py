@@ -18,8 +18,6 @@ ids, only when there are duplicates.
 
 from __future__ import annotations
 
-import errno
-import os
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .idset import hash_many
-from .outdir import OutDir, OutputError, iter_shard_keys, parse_shard_name, read_json
+from .outdir import OutDir, OutputError, TaskLock, iter_shard_keys, parse_shard_name, read_json
 
 DONE = "done"
 MISSING = "missing"
@@ -77,29 +75,6 @@ class StatusReport:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
-
-
-def lock_held(path: Path) -> bool:
-    """True when a live process holds the flock on `path` (probed without taking it for long)."""
-    import fcntl
-
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise OutputError(f"cannot probe the task lock {path}: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            return True
-        raise
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
 
 
 def _metas(od: OutDir) -> dict[int, list[tuple[int, float, dict[str, Any]]]]:
@@ -185,7 +160,7 @@ def _judge(ts: TaskStatus, group: list[tuple[int, float, dict[str, Any]]], od: O
     ts.host, ts.updated = newest.get("host"), newest.get("updated")
     states = [m.get("state") or MISSING for _, _, m in group]
     ts.state = DONE if all(s == DONE for s in states) else next(s for s in states if s != DONE)
-    held = [lid for lid, _, m in group if m.get("state") == "running" and lock_held(od.lock_path(lid))]
+    held = [lid for lid, _, m in group if m.get("state") == "running" and TaskLock(od.lock_path(lid)).is_held()]
     ts.running = bool(held)
     if ts.task >= task_count:
         return

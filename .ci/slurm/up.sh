@@ -23,18 +23,8 @@ die() { log "ERROR: $*"; exit 1; }
 
 [[ $(id -u) -eq 0 ]] || die "must run as root"
 
-# Zombie-aware liveness: PID 1 in the CI container reaps orphans lazily, so a
-# daemon that already exited can linger as a zombie that `kill -0` still sees.
-alive() {
-    local s
-    s=$(sed -n 's/^[0-9]* (.*) \([A-Za-z]\) .*/\1/p' "/proc/$1/stat" 2>/dev/null) || return 1
-    [[ -n $s && $s != Z ]]
-}
-live_pids() { # exact process name -> live pids
-    local p
-    for p in $(pgrep -x "$1"); do alive "$p" && echo "$p"; done
-    return 0
-}
+# shellcheck source=.ci/slurm/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # alive, live_pids
 
 T0=$(date +%s.%N)
 elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }

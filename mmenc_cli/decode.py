@@ -107,12 +107,14 @@ class DecodePool:
     `workers=0` decodes in the calling process (for tests and tiny runs).
     """
 
-    def __init__(self, preprocessor: ImagePreprocessor, media: MediaConfig, workers: int, max_in_flight: int) -> None:
+    def __init__(self, preprocessor: ImagePreprocessor, media: MediaConfig, workers: int, max_in_flight: int,
+                 stop: Any = None) -> None:
+        self.stop = stop  # the run's stop Event: a pool broken while stopping drops its chunks (no error rows)
         self.preprocessor = preprocessor
         self.media = media
         self.workers = workers
         self.max_in_flight = max(1, max_in_flight)
-        self._pending: collections.deque[tuple[Any, int, Any]] = collections.deque()
+        self._pending: collections.deque[tuple[Any, list, Any, Any]] = collections.deque()
         self._in_flight = 0
         self._ex: ProcessPoolExecutor | None = None
         if workers > 0:
@@ -132,22 +134,47 @@ class DecodePool:
 
     def submit(self, key: Any, chunk: Sequence[tuple[str | bytes, str]]) -> None:
         """Queue a chunk of (source, base_dir); `key` comes back with its results."""
+        chunk = list(chunk)
         if self._ex is None:
             fut: Any = _Done([decode_one(s, b, self.preprocessor, self.media) for s, b in chunk])
         else:
-            fut = self._ex.submit(_decode_chunk, list(chunk))
-        self._pending.append((key, len(chunk), fut))
+            try:
+                fut = self._ex.submit(_decode_chunk, chunk)
+            except BrokenProcessPool:  # a worker died since the last collect: the pool is unusable
+                self._restart()
+                fut = self._ex.submit(_decode_chunk, chunk)
+        self._pending.append((key, chunk, fut, self._ex))
         self._in_flight += len(chunk)
 
     def _pop(self) -> tuple[Any, list[Decoded]]:
-        key, n, fut = self._pending.popleft()
-        self._in_flight -= n
+        key, chunk, fut, ex = self._pending.popleft()
+        self._in_flight -= len(chunk)
         try:
             return key, fut.result()
-        except BrokenProcessPool as exc:  # a worker died (e.g. a decoder crashed): fail its chunk
-            self._restart()
-            err = MMError(f"decode worker died: {exc}", stage="decode", reason="internal", error=type(exc).__name__)
-            return key, [Decoded(None, err, (0.0, 0.0)) for _ in range(n)]
+        except BrokenProcessPool:  # a worker died: every chunk of that pool failed, most of them innocent
+            if ex is self._ex:
+                self._restart()
+            if self._stopping():  # SIGTERM to the whole group killed workers or the forkserver
+                return key, None
+            return key, self._isolate(chunk)
+
+    def _stopping(self) -> bool:
+        # wait briefly: the main thread's own signal handler runs during this wait
+        return self.stop is not None and self.stop.wait(0.5)
+
+    def _isolate(self, chunk: list[tuple[str | bytes, str]]) -> list[Decoded] | None:
+        """Decode each item of a chunk alone in a fresh pool: only an item that kills a worker by itself fails."""
+        out = []
+        for item in chunk:
+            try:
+                out.append(self._ex.submit(_decode_chunk, [item]).result()[0])
+            except BrokenProcessPool as exc:
+                self._restart()
+                if self._stopping():
+                    return None
+                out.append(Decoded(None, MMError(f"decode worker died on this item: {exc}", stage="decode",
+                                                 reason="internal", error=type(exc).__name__), (0.0, 0.0)))
+        return out
 
     def ready(self) -> Iterator[tuple[Any, list[Decoded]]]:
         """Results of chunks at the head of the queue that are already finished (never blocks),

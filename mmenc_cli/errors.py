@@ -183,7 +183,7 @@ class ErrorRecord:
         """One JSON line (no trailing newline)."""
         from dataclasses import asdict
 
-        return json.dumps(asdict(self), ensure_ascii=False)
+        return json.dumps(asdict(self))  # ASCII: lone surrogates round-trip
 
 
 class ErrorReportWriter:

@@ -21,12 +21,23 @@ def id_hash(*parts: str | None) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """Sort and drop repeats (np.unique is many times slower than a sort on uint64)."""
+    a = np.sort(a)
+    if a.size > 1:
+        keep = np.empty(a.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(a[1:], a[:-1], out=keep[1:])
+        a = a[keep]
+    return a
+
+
 class HashSet64:
     """A set of 64-bit hashes: a sorted uint64 array plus a small buffer of recent additions."""
 
     def __init__(self, hashes: Iterable[int] | np.ndarray = ()) -> None:
         arr = np.fromiter(hashes, dtype=np.uint64) if not isinstance(hashes, np.ndarray) else hashes
-        self._sorted = np.unique(arr.astype(np.uint64, copy=False))
+        self._sorted = _sorted_unique(arr.astype(np.uint64, copy=False))
         self._buffer: set[int] = set()
 
     def __len__(self) -> int:
@@ -46,7 +57,8 @@ class HashSet64:
         if h in self:
             return False
         self._buffer.add(h)
-        if len(self._buffer) >= _BUFFER:
+        # the buffer grows with the set (~1 byte/member), so merges stay O(n) each and few (amortized)
+        if len(self._buffer) >= max(_BUFFER, self._sorted.size // 64):
             self._merge()
         return True
 
@@ -55,10 +67,17 @@ class HashSet64:
         self._merge(np.asarray(hashes, dtype=np.uint64))
 
     def _merge(self, extra: np.ndarray | None = None) -> None:
-        parts = [self._sorted, np.fromiter(self._buffer, dtype=np.uint64, count=len(self._buffer))]
+        new = np.fromiter(self._buffer, dtype=np.uint64, count=len(self._buffer))
         if extra is not None:
-            parts.append(extra)
-        self._sorted = np.unique(np.concatenate(parts))
+            new = np.concatenate([new, extra])
+        new = _sorted_unique(new)
+        old = self._sorted
+        if old.size and new.size:
+            idx = np.searchsorted(old, new)
+            present = (idx < old.size) & (old[np.minimum(idx, old.size - 1)] == new)
+            self._sorted = np.insert(old, idx[~present], new[~present])  # one linear merge, no re-sort
+        elif new.size:
+            self._sorted = new
         self._buffer.clear()
 
     def to_array(self) -> np.ndarray:

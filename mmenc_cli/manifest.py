@@ -505,6 +505,9 @@ def _to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | N
     if row_id is None:
         return invalid(f'"{cfg.id_key}" must be a string or an integer, not {_kind(raw_id)}',
                        "manifest.invalid_type")
+    bad = next((k for k in (cfg.id_key, cfg.text_key, *cfg.keep) if not _utf8(record.get(k))), None)
+    if bad is not None:
+        return invalid(f'"{bad}" is not valid Unicode (a lone surrogate)', "manifest.invalid_type")
     try:
         image = _image_value(record.get(cfg.image_key))
     except TypeError as exc:
@@ -518,6 +521,21 @@ def _to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | N
     return ManifestRow(id=row_id, manifest=path, line=line, offset=offset, image=image, text=text,
                        keep={key: record.get(key) for key in cfg.keep},
                        base_dir=os.path.dirname(path))
+
+
+def _utf8(value: Any) -> bool:
+    """False for a str (or a str inside a list/dict) that UTF-8 cannot encode (lone surrogates)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_utf8(k) and _utf8(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_utf8(v) for v in value)
+    return True
 
 
 def _valid_id(record: dict[str, Any] | None, key: str) -> str | None:

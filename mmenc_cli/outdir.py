@@ -41,6 +41,10 @@ class OutputError(RuntimeError):
     """The output folder cannot be used (not writable, conflicting options): exit code 3."""
 
 
+class LockWaitInterrupted(RuntimeError):
+    """A stop signal arrived while waiting for a task lock (--wait-lock)."""
+
+
 class LockBusy(RuntimeError):
     """Another live process holds this task's lock on OUT: exit code 75."""
 
@@ -176,7 +180,14 @@ class OutDir:
         """Remove everything mmenc wrote (shards and `_mmenc`), for --overwrite; other files stay."""
         for path in self.shards():
             path.unlink(missing_ok=True)
-        shutil.rmtree(self.meta, ignore_errors=True)
+        if self.meta.is_dir():
+            for entry in self.meta.iterdir():
+                if entry.name == "locks":  # held by this run (and maybe others): never unlink a live lock
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
 
     def clean_tmp(self, task: int) -> int:
         """Remove this task's leftover temp shards (a killed run's); other tasks' are untouched."""
@@ -242,10 +253,10 @@ class OutDir:
         write_json_atomic(self.task_meta_path(task), data)
 
     # ---- locking ------------------------------------------------------------------------
-    def lock(self, task: int, wait: bool = False, poll: float = 1.0) -> "TaskLock":
+    def lock(self, task: int, wait: bool = False, poll: float = 1.0, stop: Any = None) -> "TaskLock":
         """Take the lock of (OUT, task); LockBusy when held by a live process and not waiting."""
         lock = TaskLock(self.lock_path(task))
-        lock.acquire(wait=wait, poll=poll)
+        lock.acquire(wait=wait, poll=poll, stop=stop)
         return lock
 
 
@@ -290,7 +301,7 @@ class TaskLock:
         finally:
             os.close(fd)
 
-    def acquire(self, wait: bool = False, poll: float = 1.0) -> None:
+    def acquire(self, wait: bool = False, poll: float = 1.0, stop: Any = None) -> None:
         """Take the lock, waiting (polling) when `wait`, else raising LockBusy at once."""
         import fcntl
 
@@ -309,7 +320,11 @@ class TaskLock:
                     os.close(fd)
                     who = f"{holder.get('host', '?')} pid {holder.get('pid', '?')} since {holder.get('since', '?')}"
                     raise LockBusy(f"another mmenc run holds {self.path} ({who}); use --wait-lock to wait") from None
-                time.sleep(poll)
+                if stop is not None and stop.wait(poll):  # SIGTERM/SIGINT while waiting: give up
+                    os.close(fd)
+                    raise LockWaitInterrupted(f"interrupted while waiting for {self.path}")
+                if stop is None:
+                    time.sleep(poll)
         info = {"host": socket.gethostname(), "pid": os.getpid(),
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         os.ftruncate(fd, 0)

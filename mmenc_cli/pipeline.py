@@ -24,7 +24,7 @@ from . import __version__
 from .config import ConfigError, RunConfig
 from .errors import ErrorRecord, ErrorReportWriter, MMError, classify, iter_error_records
 from .idset import HashSet64, id_hash
-from .outdir import OutDir, OutputError, iter_shard_keys, read_json
+from .outdir import OutDir, OutputError, TaskLock, iter_shard_keys, read_json
 from .records import MODALITIES, InvalidRow, Item, ManifestRow
 
 log = logging.getLogger("mmenc")
@@ -198,11 +198,15 @@ def library_versions() -> dict[str, str]:
 # The run
 
 
-def open_output(out: OutDir, cfg: RunConfig) -> None:
-    """Wipe OUT for --overwrite, then make sure its folders exist and are writable."""
+def open_output(out: OutDir, cfg: RunConfig, task: int) -> None:
+    """Under this task's lock: refuse --overwrite while other tasks run, wipe OUT (not its locks), prepare."""
     if cfg.overwrite:
+        busy = [p.name for p in sorted((out.meta / "locks").glob("task-*.lock"))
+                if p != out.lock_path(task) and TaskLock(p).is_held()]
+        if busy:
+            raise OutputError(f"--overwrite: other runs are writing {out.root} ({', '.join(busy)})")
         out.wipe()
-    out.prepare()
+        out.prepare()
 
 
 def threshold(cfg: RunConfig, c: Counters) -> str | None:
@@ -306,10 +310,11 @@ class EncodeRun:
 
     def _load_history(self) -> tuple[HashSet64, HashSet64, HashSet64]:
         """Done items (committed shards), earlier permanent failures, earlier invalid lines."""
-        done = HashSet64()
-        for _shard, ids, mods in iter_shard_keys(self.out):
-            done.update(__import__("numpy").fromiter((id_hash(i, m) for i, m in zip(ids, mods)),
-                                                     dtype="uint64", count=len(ids)))
+        import numpy as np
+
+        parts = [np.fromiter((id_hash(i, m) for i, m in zip(ids, mods)), dtype=np.uint64, count=len(ids))
+                 for _shard, ids, mods in iter_shard_keys(self.out)]
+        done = HashSet64(np.concatenate(parts) if parts else np.zeros(0, np.uint64))  # one sort, not one per shard
         failed, invalid = HashSet64(), HashSet64()
         for row in iter_error_records(self.out.error_report_paths()):
             if row.get("status") != "failed":
@@ -353,8 +358,16 @@ class EncodeRun:
         t_start = time.perf_counter()
         if not self.primary:
             return self._run_locked(t_start)
-        open_output(self.out, self.cfg)
-        with self.out.lock(self.task, wait=self.cfg.wait_lock):
+        self.out.prepare()  # exists and writable (OutputError) before taking the lock
+        from .outdir import LockWaitInterrupted
+
+        try:
+            lock = self.out.lock(self.task, wait=self.cfg.wait_lock, stop=self.stop)
+        except LockWaitInterrupted:
+            return RunResult(out=str(self.out.root), task=self.task, state="interrupted", counters=self.counters,
+                             facts={}, elapsed=time.perf_counter() - t_start)
+        with lock:
+            open_output(self.out, self.cfg, self.task)
             self.out.clean_tmp(self.task)
             return self._run_locked(t_start)
 
@@ -375,6 +388,9 @@ class EncodeRun:
 
     def _run_locked(self, t_start: float) -> RunResult:
         cfg = self.cfg
+        if self.stop.is_set():  # stopped before starting: do not load a model for nothing
+            return RunResult(out=str(self.out.root), task=self.task, state="interrupted", counters=self.counters,
+                             facts={}, elapsed=time.perf_counter() - t_start)
         facts = self.facts = self._init_facts()
         modalities = tuple(cfg.modalities or facts["modalities"])
         missing = [m for m in modalities if m not in facts["modalities"]]
@@ -416,7 +432,9 @@ class EncodeRun:
                 self.counters.seconds["read"] += time.perf_counter() - t0
             if self.worker_count > 1:
                 index += 1
-                if (index - 1) % self.worker_count != self.worker:
+                # rows of one id go to one worker, so its `seen` set catches duplicate ids (409)
+                owner = (id_hash(rec.id) if isinstance(rec, ManifestRow) else index) % self.worker_count
+                if owner != self.worker:
                     continue
             yield rec
 
@@ -509,7 +527,8 @@ class _Stages:
             self._ensure_ready()
             workers = self.cfg.batch.resolved_workers
             self.pool = DecodePool(self.run.encoder.image_preprocessor(), self.cfg.media, workers,
-                                   max_in_flight=self.batch_size * self.cfg.batch.prefetch_batches)
+                                   max_in_flight=self.batch_size * self.cfg.batch.prefetch_batches,
+                                   stop=self.run.stop)
 
     def _new_shard(self) -> None:
         from .writers import ShardData
@@ -557,6 +576,8 @@ class _Stages:
                 self._encode_images(batch)
 
     def _collect(self, chunk: list[Item], results: list[Any]) -> None:
+        if results is None:  # the pool died while the run is stopping: neither written nor errored
+            return
         secs = self.run.counters.seconds
         for item, dec in zip(chunk, results):
             secs["decode"] += sum(dec.seconds)
@@ -590,7 +611,7 @@ class _Stages:
         if self.pool is not None:
             self.pool.close(kill=True)
         if self.writer is not None:
-            self.writer.close()
+            self.writer.close(check=False)
 
     # -- encoding -------------------------------------------------------------------------
     def _encode_texts(self, final: bool) -> None:
@@ -666,6 +687,7 @@ class _ShardCommitter:
     """Writes shards on a background thread (off the encode loop), in order, at most 2 queued.
 
     A shard that cannot be written turns each of its items into a `write.failed` error row.
+    Anything else that goes wrong on the thread is kept and re-raised in the encode loop.
     """
 
     def __init__(self, run: EncodeRun, writer: Any) -> None:
@@ -673,43 +695,61 @@ class _ShardCommitter:
         self.writer = writer
         self.seq = run.out.next_seq(run.task, run.worker)
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self.committed = 0
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._work, name="mmenc-writer", daemon=True)
         self.thread.start()
-        self.committed = 0
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the shard writer thread failed: {type(self.error).__name__}: {self.error}") from self.error
 
     def submit(self, shard: Any) -> None:
         from .outdir import shard_name
 
+        self._check()
         name = shard_name(self.run.task, self.run.worker, self.seq, self.writer.ext)
         self.seq += 1
-        self.queue.put((shard, name))
+        while True:
+            try:
+                self.queue.put((shard, name), timeout=0.5)
+                return
+            except queue.Full:
+                self._check()
 
     def _work(self) -> None:
-        while True:
-            job = self.queue.get()
-            if job is None:
-                return
-            shard, name = job
-            t0 = time.perf_counter()
-            try:
-                self.writer.write(shard, name)
-                self.committed += 1
-                if self.run._errors is not None:
-                    with self.run._errors_lock:
-                        self.run._errors.sync()
-            except Exception as exc:  # the shard's items become error rows; the run goes on
-                err = MMError(f"could not write shard {name}: {exc}", stage="write", reason="write.failed",
-                              error=type(exc).__name__)
-                for row, mod in zip(shard.refs, shard.modalities):
-                    self.run.counters.mod(mod).encoded -= 1
-                    self.run._record(err, row=row, modality=mod)
-            finally:
-                self.run.counters.seconds["write"] += time.perf_counter() - t0
+        try:
+            while True:
+                job = self.queue.get()
+                if job is None:
+                    return
+                shard, name = job
+                t0 = time.perf_counter()
+                try:
+                    try:
+                        self.writer.write(shard, name)
+                    except Exception as exc:  # the shard's items become error rows; the run goes on
+                        err = MMError(f"could not write shard {name}: {exc}", stage="write", reason="write.failed",
+                                      error=type(exc).__name__)
+                        for row, mod in zip(shard.refs, shard.modalities):
+                            self.run.counters.mod(mod).encoded -= 1
+                            self.run._record(err, row=row, modality=mod)
+                        continue
+                    self.committed += 1  # committed: from here on nothing may turn its items into errors
+                    if self.run._errors is not None:
+                        with self.run._errors_lock:
+                            self.run._errors.sync()
+                finally:
+                    self.run.counters.seconds["write"] += time.perf_counter() - t0
+        except BaseException as exc:  # never die silently: the encode loop re-raises it
+            self.error = exc
 
-    def close(self) -> None:
+    def close(self, check: bool = True) -> None:
         if self.thread.is_alive():
             self.queue.put(None)
             self.thread.join()
+        if check:
+            self._check()
 
 
 def _free_device_memory() -> None:
@@ -725,18 +765,29 @@ def _free_device_memory() -> None:
         pass
 
 
-def _device_worker(cfg: RunConfig, worker: int, worker_count: int, results: Any) -> None:
-    """Entry point of one device's process: encode every `worker_count`-th row of the task's slice."""
+def _device_worker(cfg: RunConfig, worker: int, worker_count: int, results: Any, parent: int) -> None:
+    """Entry point of one device's process: encode its share of the task's slice."""
     import signal
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+
+    def watch_parent() -> None:  # the parent was SIGKILLed: commit whole shards and exit, never outlive it
+        while not stop.wait(0.5):
+            if os.getppid() != parent:
+                stop.set()
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    out = OutDir(cfg.writer.out)
     try:
-        res = EncodeRun(cfg, worker=worker, worker_count=worker_count, stop=stop, primary=False).run()
+        # one live process per (task, worker): a re-run's worker waits for a dying orphan, never writes beside it
+        with TaskLock(out.meta / "locks" / f"task-{cfg.task_index:05d}-w{worker:02d}.lock") as lock:
+            lock.acquire(wait=True, poll=0.5)
+            res = EncodeRun(cfg, worker=worker, worker_count=worker_count, stop=stop, primary=False).run()
         results.put((worker, res, None))
-    except BaseException as exc:  # reported to the parent, which fails the run
-        results.put((worker, None, f"{type(exc).__name__}: {exc}"))
+    except BaseException as exc:  # reported to the parent, which fails the run with the same exit code
+        results.put((worker, None, (type(exc).__name__, str(exc))))
 
 
 def _run_devices(cfg: RunConfig, progress: ProgressFn | None, stop: threading.Event) -> RunResult:
@@ -746,16 +797,17 @@ def _run_devices(cfg: RunConfig, progress: ProgressFn | None, stop: threading.Ev
 
     t_start = time.perf_counter()
     out = OutDir(cfg.writer.out)
-    open_output(out, cfg)
+    out.prepare()
     devices = cfg.model.devices
     child_cfg = replace(cfg, overwrite=False)
     with out.lock(cfg.task_index, wait=cfg.wait_lock):
+        open_output(out, cfg, cfg.task_index)
         out.clean_tmp(cfg.task_index)
         counters = Counters()
         write_task_meta(out, cfg, "running", counters, 0.0)
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
-        procs = [ctx.Process(target=_device_worker, args=(child_cfg, w, len(devices), results), daemon=False)
+        procs = [ctx.Process(target=_device_worker, args=(child_cfg, w, len(devices), results, os.getpid()), daemon=False)
                  for w in range(len(devices))]
         for p in procs:
             p.start()
@@ -777,19 +829,31 @@ def _run_devices(cfg: RunConfig, progress: ProgressFn | None, stop: threading.Ev
                     if results.empty():
                         for i in dead:
                             got[i] = None
-                            errors.append(f"device worker {i} ({devices[i]}) died with exit code {procs[i].exitcode}")
+                            if stop.is_set():  # killed by the stop signal before its handler was installed
+                                continue
+                            errors.append(("RuntimeError", f"device worker {i} ({devices[i]}) died with exit code {procs[i].exitcode}"))
                 continue
             got[w] = res
             if err:
-                errors.append(f"device worker {w} ({devices[w]}): {err}")
+                errors.append((err[0], f"device worker {w} ({devices[w]}): {err[0]}: {err[1]}"))
         for p in procs:
             p.join()
         if errors:
-            raise RuntimeError("; ".join(errors))
+            from .encoders import ModelLoadError
+            from .manifest import ManifestError
+
+            kinds = {"OutputError": OutputError, "ModelLoadError": ModelLoadError, "ConfigError": ConfigError,
+                     "ManifestError": ManifestError}
+            names = {name for name, _ in errors}
+            cls = kinds.get(names.pop(), RuntimeError) if len(names) == 1 else RuntimeError
+            raise cls("; ".join(msg for _, msg in errors))
         facts: dict[str, Any] = {}
         states = []
         events: list[str] = []
         for res in got.values():
+            if res is None:  # stopped before it started: nothing written
+                states.append("interrupted")
+                continue
             counters.merge(res.counters)
             facts = facts or res.facts
             states.append(res.state)
@@ -797,7 +861,7 @@ def _run_devices(cfg: RunConfig, progress: ProgressFn | None, stop: threading.Ev
         state = "interrupted" if "interrupted" in states else ("stopped" if "stopped" in states else "done")
         result = RunResult(out=str(out.root), task=cfg.task_index, state=state, counters=counters, facts=facts,
                            elapsed=time.perf_counter() - t_start,
-                           model_loaded=any(r.model_loaded for r in got.values()), events=events)
+                           model_loaded=any(r is not None and r.model_loaded for r in got.values()), events=events)
         result.threshold_exceeded = threshold(cfg, counters)
         write_task_meta(out, cfg, state, counters, result.elapsed, result)
         if progress:

@@ -94,3 +94,44 @@ class HashSet64:
 def hash_many(*columns: Iterable[str | None]) -> np.ndarray:
     """Hash zipped key columns (e.g. ids and modalities) into a uint64 array."""
     return np.fromiter((id_hash(*parts) for parts in zip(*columns)), dtype=np.uint64)
+
+
+class AttemptCounts:
+    """The highest attempt number recorded per 64-bit key: two sorted numpy arrays, 12 bytes a key.
+
+    Built once from the error history (`add` while reading, then `freeze`); `get` is a binary search.
+    """
+
+    def __init__(self) -> None:
+        from array import array
+
+        self._new_keys, self._new_attempts = array("Q"), array("I")
+        self._keys = np.zeros(0, np.uint64)
+        self._attempts = np.zeros(0, np.uint32)
+
+    def add(self, key: int, attempt: int) -> None:
+        self._new_keys.append(key)
+        self._new_attempts.append(max(0, min(attempt, 2**32 - 1)))
+
+    def freeze(self) -> "AttemptCounts":
+        """Fold the added pairs into the sorted arrays (max attempt per key)."""
+        if not self._new_keys:
+            return self
+        keys = np.concatenate([self._keys, np.frombuffer(self._new_keys, dtype=np.uint64)])
+        attempts = np.concatenate([self._attempts, np.frombuffer(self._new_attempts, dtype=np.uint32)])
+        order = np.lexsort((attempts, keys))  # by key, then attempt: the last of each key is its max
+        keys, attempts = keys[order], attempts[order]
+        last = np.ones(keys.size, dtype=bool)
+        np.not_equal(keys[1:], keys[:-1], out=last[:-1])
+        self._keys, self._attempts = keys[last], attempts[last]
+        del self._new_keys[:], self._new_attempts[:]
+        return self
+
+    def get(self, key: int) -> int:
+        """The highest attempt recorded for `key`, 0 when none."""
+        self.freeze()
+        i = int(np.searchsorted(self._keys, np.uint64(key)))
+        return int(self._attempts[i]) if i < self._keys.size and int(self._keys[i]) == key else 0
+
+    def __len__(self) -> int:
+        return int(self.freeze()._keys.size)

@@ -34,7 +34,8 @@ from typing import Any, Iterator
 
 META = "_mmenc"
 SHARD_EXTS = (".parquet", ".safetensors")
-_SHARD_RE = re.compile(r"^part-t(\d{5})-w(\d{2})-(\d{6})\.(parquet|safetensors)$")
+# widths are minimums: a task index past 99999 or a millionth shard only makes the name longer
+_SHARD_RE = re.compile(r"^part-t(\d{5,})-w(\d{2,})-(\d{6,})\.(parquet|safetensors)$")
 
 
 class OutputError(RuntimeError):
@@ -204,15 +205,15 @@ class OutDir:
 
     # ---- shards -------------------------------------------------------------------------
     def shards(self, ext: str | None = None) -> list[Path]:
-        """Committed shards at the top of OUT, sorted by name."""
+        """Committed shards at the top of OUT, in (task, worker, sequence) order."""
         if not self.root.is_dir():
             return []
         out = []
         for entry in os.scandir(self.root):
             parsed = parse_shard_name(entry.name)
             if parsed and (ext is None or parsed.ext == ext.lstrip(".")):
-                out.append(Path(entry.path))
-        return sorted(out)
+                out.append(((parsed.task, parsed.worker, parsed.seq, parsed.ext), Path(entry.path)))
+        return [path for _, path in sorted(out)]
 
     def next_seq(self, task: int, worker: int) -> int:
         """The next free shard sequence number for (task, worker)."""

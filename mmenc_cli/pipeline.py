@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 from . import __version__
 from .config import ConfigError, RunConfig
 from .errors import ErrorRecord, ErrorReportWriter, MMError, classify, iter_error_records
-from .idset import HashSet64, id_hash
+from .idset import AttemptCounts, HashSet64, id_hash
 from .outdir import OutDir, OutputError, TaskLock, iter_shard_keys, read_json
 from .records import MODALITIES, InvalidRow, Item, ManifestRow
 
@@ -261,7 +261,7 @@ class EncodeRun:
         self.events: list[str] = []
         self._errors: ErrorReportWriter | None = None
         self._errors_lock = threading.Lock()
-        self._attempts: dict[int, int] = {}
+        self._attempts = AttemptCounts()  # ~12 bytes per earlier failure, no Python object each
         self._stopped_by: str | None = None
 
     # -- setup ----------------------------------------------------------------------------
@@ -293,6 +293,14 @@ class EncodeRun:
         t0 = time.perf_counter()
         self.encoder = factory(self.cfg.model, device=device)
         log.info("model %s loaded in %.1f s", self.cfg.model.model, time.perf_counter() - t0)
+        # a hub id's fingerprint names the requested revision ("main" moves): the commit the model
+        # actually came from must be the one the output was started with, or vectors would mix
+        was = (self.facts or {}).get("commit")
+        now = (getattr(self.encoder, "info", None) or {}).get("commit")
+        if was and now and was != now:
+            raise OutputError(f"{self.cfg.model.model} now resolves to commit {now}, but {self.out.root} was "
+                              f"written with commit {was}: pin --revision {was}, use another --out, or "
+                              "--overwrite to start over")
 
     def _facts_from_encoder(self, dtype: str) -> dict[str, Any]:
         enc = self.encoder
@@ -323,9 +331,10 @@ class EncodeRun:
                 invalid.add(id_hash(row.get("manifest"), str(row.get("offset"))))
                 continue
             key = id_hash(row.get("id"), row.get("modality"))
-            self._attempts[key] = max(self._attempts.get(key, 0), int(row.get("attempt") or 1))
+            self._attempts.add(key, int(row.get("attempt") or 1))
             if int(row.get("code") or 500) not in RETRYABLE_CODES:
                 failed.add(id_hash(row.get("id"), row.get("modality"), row.get("manifest")))
+        self._attempts.freeze()
         return done, failed, invalid
 
     # -- error rows -----------------------------------------------------------------------
@@ -335,7 +344,7 @@ class EncodeRun:
 
         if row is not None:
             key = id_hash(row.id, modality)
-            attempt = self._attempts.get(key, 0) + 1
+            attempt = self._attempts.get(key) + 1
             source = describe_source(row.image) if modality == "image" else None
             rec = ErrorRecord.from_error(err, id=row.id, manifest=row.manifest, line=row.line, offset=row.offset,
                                          modality=modality, source=source, attempt=attempt, task=self.task)

@@ -26,6 +26,35 @@ def _shard_meta(path: Path) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
+_NP_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
+
+
+def read_safetensors_np(path: Path, keys: Any = None) -> dict[str, np.ndarray]:
+    """Tensors of a safetensors file as numpy arrays without torch: float32/float16 as stored,
+    bfloat16 widened to float32 exactly (a bfloat16 is the top half of a float32's bits).
+
+    `safetensors.numpy` refuses bfloat16 since numpy has no such type; this reads the header
+    (8-byte little-endian length + JSON) and the raw bytes itself.
+    """
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+        base = 8 + size
+        out: dict[str, np.ndarray] = {}
+        wanted = [k for k in header if k != "__metadata__"] if keys is None else list(keys)
+        for key in wanted:
+            info = header[key]
+            if info["dtype"] not in _NP_DTYPES:
+                raise ValueError(f"{path.name}: tensor {key} has dtype {info['dtype']}, not a float type mmenc writes")
+            start, end = info["data_offsets"]
+            fh.seek(base + start)
+            raw = np.frombuffer(fh.read(end - start), dtype=_NP_DTYPES[info["dtype"]]).reshape(info["shape"])
+            if info["dtype"] == "BF16":
+                raw = (raw.astype(np.uint32) << 16).view(np.float32)
+            out[key] = raw
+    return out
+
+
 def _read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str], list[str], np.ndarray]:
     """ids, modalities and a float32 matrix of one shard (rows of `modality` only when given)."""
     if _is_token_shard(out, path):
@@ -47,14 +76,12 @@ def _read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str
             matrix = matrix[keep]
         return ids, mods, matrix
     import pyarrow.parquet as pq
-    from safetensors import safe_open
 
     side = pq.read_table(out.sidecar_path(path.name))
     ids = side.column("id").to_pylist()
     mods = side.column("modality").to_pylist()
     rows = side.column("row").to_pylist()
-    with safe_open(str(path), framework="numpy") as fh:
-        tensors = {k: fh.get_tensor(k).astype(np.float32) for k in fh.keys()}
+    tensors = {k: v.astype(np.float32, copy=False) for k, v in read_safetensors_np(path).items()}
     sel = [i for i, m in enumerate(mods) if modality is None or m == modality]
     if not sel:
         return [], [], np.zeros((0, 0), np.float32)
@@ -151,8 +178,9 @@ def inspect_output(out: str | Path) -> InspectReport:
 class TokenEmbedding:
     """One item of a `--pooling tokens` output: its `[tokens, dim]` array and `image_grid_thw`.
 
-    `array` is numpy in the stored dtype (float16/float32), or a torch tensor when read with
-    `framework="pt"` (the only way to read bfloat16). `info` is the item's index row.
+    `array` is numpy in the stored dtype (float16/float32; bfloat16 widened exactly to float32),
+    or a torch tensor in the stored dtype when read with `framework="pt"`. `info` is the item's
+    index row.
     """
 
     id: str
@@ -195,12 +223,11 @@ def _check_token_shard(od: OutDir, shard: Path, facts: dict[str, Any]) -> tuple[
 
 
 def _load_tensor(shard: Path, key: str, framework: str) -> Any:
+    if framework == "numpy":
+        return read_safetensors_np(shard, [key])[key]
     from safetensors import safe_open
 
     with safe_open(str(shard), framework=framework) as fh:
-        if framework == "numpy" and "BF16" in str(fh.get_slice(key).get_dtype()).upper():
-            raise ValueError(f"{shard.name} stores bfloat16, which numpy cannot hold: pass framework='pt' "
-                             "(needs torch)")
         return fh.get_tensor(key)
 
 
@@ -224,7 +251,7 @@ def iter_token_embeddings(out: str | Path, modality: str | None = "image",
 
 def read_token_embedding(out: str | Path, id: str, modality: str = "image",
                          framework: str = "np") -> tuple[Any, tuple[int, int, int] | None]:
-    """One item's `[tokens, dim]` array (stored dtype) and its `image_grid_thw` (t, h, w).
+    """One item's `[tokens, dim]` array and its `image_grid_thw` (t, h, w); see TokenEmbedding.array.
 
     Raises KeyError when the output holds no such item.
     """

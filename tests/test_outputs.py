@@ -46,6 +46,9 @@ def test_shard_names_and_schema_metadata(encoded: Path) -> None:
     shards = OutDir(encoded).shards()
     assert [p.name for p in shards] == [shard_name(0, 0, i, "parquet") for i in range(4)]
     assert parse_shard_name("part-t00012-w03-000007.parquet").task == 12
+    # the widths are minimums: the millionth shard and task 100000 stay visible, in numeric order
+    assert parse_shard_name(shard_name(123456, 100, 1_000_000, "parquet")) is not None
+    assert parse_shard_name("part-t0012-w03-000007.parquet") is None
     meta = json.loads(pq.read_schema(shards[0]).metadata[b"mmenc"])
     for key in ("model", "revision", "dim", "dtype", "normalize", "pooling", "mmenc_version"):
         assert key in meta, key
@@ -81,3 +84,42 @@ def test_out_dtype_float16(tmp_path: Path, small_manifest: Path) -> None:
     assert schema.field("embedding").type == pa.list_(pa.float16(), 8)
     ids, mat = read_embeddings(tmp_path / "o", "image")
     assert mat.dtype == np.float32 and len(ids) == 8
+
+
+@pytest.mark.parametrize("out_dtype", ["float32", "float16", "bfloat16"])
+def test_safetensors_outputs_read_back_without_torch_in_every_dtype(tmp_path: Path, small_manifest: Path,
+                                                                    out_dtype: str) -> None:
+    """read_embeddings and inspect read bfloat16 safetensors too (widened exactly to float32),
+    and agree with safetensors' own torch reader bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    from mmenc_cli.config import RunConfig, WriterConfig
+
+    out = tmp_path / "o"
+    cfg = make_cfg([small_manifest], out)
+    cfg = RunConfig(**{**cfg.__dict__, "writer": WriterConfig(out=str(out), format="safetensors", shard_size=5,
+                                                              out_dtype=out_dtype)})
+    run_encode(cfg, encoder_factory=factory(FakeEncoder()))
+    ids, mat = read_embeddings(out, "image")
+    assert mat.dtype == np.float32 and mat.shape == (8, 8)
+    od = OutDir(out)
+    want = []
+    for shard in od.shards():
+        tensors = load_file(str(shard))
+        side = pq.read_table(od.sidecar_path(shard.name)).to_pylist()
+        want += [tensors[r["modality"]][r["row"]].float().numpy() for r in side if r["modality"] == "image"]
+        assert {t.dtype for t in tensors.values()} == {getattr(torch, out_dtype)}
+    np.testing.assert_array_equal(mat, np.stack(want))
+    rep = inspect_output(out)
+    assert rep.problems == [] and rep.embeddings == 16
+    # every sidecar went through the temp folder: nothing is left there
+    assert not list((od.meta / "tmp").iterdir())
+
+
+def test_a_millionth_shard_is_listed_in_order_and_numbered_after(tmp_path: Path) -> None:
+    od = OutDir(tmp_path)
+    for seq in (999_999, 1_000_000, 2):
+        (tmp_path / shard_name(0, 0, seq, "parquet")).write_bytes(b"")
+    assert [parse_shard_name(p.name).seq for p in od.shards()] == [2, 999_999, 1_000_000]
+    assert od.next_seq(0, 0) == 1_000_001

@@ -181,6 +181,22 @@ def test_fingerprint_mismatch_refuses_and_overwrite_starts_over(tmp_path: Path, 
     assert res.counters.mod("text").encoded == 8 and res.counters.mod("text").encoded_before == 0
 
 
+def test_resume_refuses_a_hub_model_whose_commit_moved(tmp_path: Path, small_manifest: Path) -> None:
+    """Same options (so the same fingerprint), but the hub id now resolves to another commit."""
+    out = tmp_path / "out"
+
+    def hub(commit: str) -> FakeEncoder:
+        return FakeEncoder(info={"family": "fake", "revision": None, "commit": commit})
+
+    run_encode(make_cfg([small_manifest], out, limit=4), encoder_factory=factory(hub("aaa111")))
+    before = embeddings(out)
+    with pytest.raises(OutputError, match="commit bbb222.*commit aaa111"):
+        run_encode(make_cfg([small_manifest], out), encoder_factory=factory(hub("bbb222")))
+    assert embeddings(out).keys() == before.keys()  # nothing written by the refused run
+    res = run_encode(make_cfg([small_manifest], out), encoder_factory=factory(hub("aaa111")))
+    assert res.counters.mod("text").encoded_before > 0 and res.counters.mod("text").encoded > 0
+
+
 def test_skipped_rows_kept_fields_and_limit(tmp_path: Path) -> None:
     rows = [{"id": "a", "text": "only text", "label": 1}, {"id": "b", "image": make_image(tmp_path / "b.png").name,
                                                              "label": {"k": [1, 2]}},

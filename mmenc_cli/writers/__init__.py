@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..outdir import OutDir, shard_name
+from ..outdir import OutDir, fsync_dir, shard_name
 
 
 @dataclass(slots=True)
@@ -71,6 +71,17 @@ def write_tmp(out: OutDir, name: str, writer_fn: Any) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
+
+def write_side_file(out: OutDir, final: Path, writer_fn: Any) -> Path:
+    """Write a file that travels with a shard (sidecar, token index) through a fsynced temp file
+    and an atomic rename, before the shard itself is committed: a crash leaves either no file or
+    a whole one, never a torn Parquet footer that a reader would trip on."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = write_tmp(out, final.parent.name + "-" + final.name, writer_fn)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    return final
 
 
 def make_writer(fmt: str, out: OutDir, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> ShardWriter:

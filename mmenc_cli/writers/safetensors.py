@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..outdir import OutDir
-from . import ShardData, keep_value, write_tmp
+from . import ShardData, keep_value, write_side_file, write_tmp
 
 
 class SafetensorsShardWriter:
@@ -42,9 +42,7 @@ class SafetensorsShardWriter:
         side = {"id": pa.array(data.ids, pa.string()), "modality": pa.array(data.modalities, pa.string()),
                 "row": pa.array(rows, pa.int64())}
         side.update({k: pa.array([keep_value(v) for v in data.keep[k]], pa.string()) for k in self.keep})
-        sidecar = self.out.sidecar_path(name)
-        sidecar.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(side), sidecar)
+        write_side_file(self.out, self.out.sidecar_path(name), lambda p: pq.write_table(pa.table(side), p))
         tmp = write_tmp(self.out, name, lambda p: save_tensors(tensors, p, self.out_dtype, self.meta))
         return self.out.commit(tmp, name)
 

@@ -11,14 +11,13 @@ both, and an index whose shard never got renamed is removed when its task restar
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..outdir import OutDir, fsync_dir
-from . import ShardData, keep_value, write_tmp
+from ..outdir import OutDir
+from . import ShardData, keep_value, write_side_file, write_tmp
 
 #: index columns, in order (kept fields follow)
 INDEX_COLUMNS = ("id", "modality", "shard", "key", "tokens", "dim", "dtype", "image_grid_thw",
@@ -81,11 +80,7 @@ class TokenShardWriter:
             if v.ndim != 2 or v.shape[1] != self.dim:
                 raise ValueError(f"token embedding of shape {v.shape}, expected [tokens, {self.dim}]")
         table = self.index_table(data, name)
-        final_index = index_path(self.out, name)
-        final_index.parent.mkdir(parents=True, exist_ok=True)
-        tmp_index = write_tmp(self.out, Path(name).stem + ".index.parquet", lambda p: pq.write_table(table, p))
-        os.replace(tmp_index, final_index)
-        fsync_dir(final_index.parent)
+        write_side_file(self.out, index_path(self.out, name), lambda p: pq.write_table(table, p))
         tensors = {tensor_key(i): np.ascontiguousarray(v, dtype=np.float32) for i, v in enumerate(data.vectors)}
         tmp = write_tmp(self.out, name, lambda p: save_tensors(tensors, p, self.out_dtype, self.meta))
         return self.out.commit(tmp, name)

@@ -76,7 +76,7 @@ class BatchRunner:
         try:
             t0 = time.perf_counter()
             result = self.encode_fn(modality, chunk)
-            vectors = _to_numpy(result.vectors)
+            vectors, finite = _to_numpy(result.vectors)
             self.stats.seconds += time.perf_counter() - t0
             self.stats.calls += 1
             if len(vectors) != len(chunk):
@@ -87,7 +87,7 @@ class BatchRunner:
         checks = self.check(modality, chunk, vectors) if self.check else [None] * len(chunk)
         truncated = result.truncated or [False] * len(chunk)
         for i, (vec, trunc, err) in enumerate(zip(vectors, truncated, checks)):
-            if err is None and not np.all(np.isfinite(vec)):
+            if err is None and not finite[i]:
                 err = MMError("embedding holds NaN or Inf", stage="encode", reason="encode.non_finite")
             outcomes[lo + i] = Outcome(value=None if err else vec, error=err, truncated=bool(trunc))
         self._success()
@@ -142,13 +142,21 @@ class _CountMismatch(RuntimeError):
     """The encoder returned a different number of outputs than inputs."""
 
 
-def _to_numpy(vectors: Any) -> list[np.ndarray]:
-    """Tensors (pooled [n, dim] or a list of [tokens, dim]) to float32 numpy arrays on the CPU."""
-    if isinstance(vectors, np.ndarray):
-        return list(vectors.astype(np.float32, copy=False))
+def _to_numpy(vectors: Any) -> tuple[list[np.ndarray], list[bool]]:
+    """Tensors (pooled [n, dim] or a list of [tokens, dim]) to float32 numpy arrays on the CPU,
+    and per output whether it is free of NaN/Inf.
+
+    A pooled batch is one device-to-host copy and one vectorized finiteness test; its rows are
+    views of that [n, dim] array.
+    """
     if isinstance(vectors, (list, tuple)):
-        return [_tensor_np(v) for v in vectors]
-    return list(_tensor_np(vectors))
+        arrays = [_tensor_np(v) for v in vectors]
+        return arrays, [bool(np.isfinite(a).all()) for a in arrays]
+    matrix = _tensor_np(vectors)
+    if matrix.ndim != 2:
+        rows = list(matrix)
+        return rows, [bool(np.isfinite(r).all()) for r in rows]
+    return list(matrix), np.isfinite(matrix).all(axis=1).tolist()
 
 
 def _tensor_np(t: Any) -> np.ndarray:

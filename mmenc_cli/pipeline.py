@@ -611,6 +611,9 @@ class _Stages:
             if self.writer is not None:
                 self._flush_shard()
                 self.writer.close()
+            device_seconds = getattr(self.run.encoder, "device_seconds", None)
+            if device_seconds is not None and (busy := device_seconds()) is not None:
+                self.run.counters.seconds["forward_device"] = busy  # CUDA events: the forward's GPU time
         finally:
             if self.pool is not None:
                 self.pool.close(kill=interrupted)

@@ -28,6 +28,9 @@ from .outdir import OutDir, OutputError, TaskLock, iter_shard_keys, read_json
 from .records import MODALITIES, InvalidRow, Item, ManifestRow
 
 log = logging.getLogger("mmenc")
+#: texts collected before they are sorted by length and cut into batches; bounded (the strings
+#: and their rows, a few MB), large enough that the batches pad little
+TEXT_WINDOW = 4096
 
 RETRYABLE_CODES = frozenset({503, 504})
 #: options that change the vectors or the output's schema: a run must match the output's
@@ -576,7 +579,7 @@ class _Stages:
 
     def pump(self) -> None:
         """Encode whatever is ready: full text buckets, finished decodes, full image batches."""
-        if len(self.texts) >= self.batch_size * 8:
+        if len(self.texts) >= max(TEXT_WINDOW, self.batch_size * 8):
             self._encode_texts(final=False)
         if self.pool is not None:
             for chunk, results in self.pool.ready():
@@ -629,7 +632,8 @@ class _Stages:
     def _encode_texts(self, final: bool) -> None:
         if not self.texts:
             return
-        # length bucketing: sort a window of texts by length so each batch pads little
+        # length bucketing: sort a window of texts by length so each batch pads little (a
+        # window of 4096 caption-like texts computes ~1.13x the real tokens; 256 computed ~1.47x)
         self.texts.sort(key=lambda t: len(t[1]))
         bs = self.batch_size
         cut = len(self.texts) if final else (len(self.texts) // bs) * bs

@@ -632,9 +632,23 @@ class _Stages:
     def _encode_texts(self, final: bool) -> None:
         if not self.texts:
             return
-        # length bucketing: sort a window of texts by length so each batch pads little (a
-        # window of 4096 caption-like texts computes ~1.13x the real tokens; 256 computed ~1.47x)
-        self.texts.sort(key=lambda t: len(t[1]))
+        # length bucketing: sort a window of texts by length so each batch pads little. By
+        # tokens where the encoder can pretokenize (then it only pads each batch), else by
+        # characters. Windows of 4096 caption-like texts compute ~1.04x the real tokens sorted by
+        # tokens, ~1.13x by characters; windows of 256 by characters ~1.47x.
+        pretokenize = getattr(self.run.encoder, "pretokenize", None)
+        if pretokenize is not None:
+            raw = [i for i, (_, t) in enumerate(self.texts) if isinstance(t, str)]  # not the carried-over tail
+            try:
+                tokens = pretokenize([self.texts[i][1] for i in raw]) if raw else []
+            except Exception as exc:  # e.g. one odd text: keep the strings, batches bisect to it
+                log.info("pretokenizing %d texts failed (%s: %s): bucketing by characters",
+                         len(raw), type(exc).__name__, exc)
+                tokens = []
+            for i, tok in zip(raw, tokens):
+                self.texts[i] = (self.texts[i][0], tok)
+        # a batch holds one kind of payload: strings (sorted by characters) or tokenized texts
+        self.texts.sort(key=lambda t: (not isinstance(t[1], str), len(t[1])))
         bs = self.batch_size
         cut = len(self.texts) if final else (len(self.texts) // bs) * bs
         window, self.texts = self.texts[:cut], self.texts[cut:]

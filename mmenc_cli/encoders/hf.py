@@ -17,6 +17,7 @@ import logging
 import os
 import types
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -222,6 +223,18 @@ def _all_threads(active: bool) -> Iterator[None]:
         torch.set_num_threads(share)
 
 
+@dataclass(slots=True)
+class TokenizedText:
+    """One text tokenized without padding: the tokenizer's per-text features (input_ids, and
+    token_type_ids where the model has them) and whether truncation cut it."""
+
+    features: dict[str, list[int]]
+    truncated: bool
+
+    def __len__(self) -> int:
+        return len(self.features["input_ids"])
+
+
 class ForwardTimer:
     """Times forward passes on a CUDA device with CUDA events, without synchronizing: the events
     of a pass are read once the GPU has passed them (the pipeline's copy of the vectors to the
@@ -423,21 +436,56 @@ class HFEncoder:
 
     # -- inputs
 
-    def tokenize(self, texts: Sequence[str]) -> tuple[Inputs, list[bool]]:
-        """Tokenize with truncation at `max_length`; also say which texts lost tokens."""
+    def pretokenize(self, texts: Sequence[str]) -> list["TokenizedText"]:
+        """Tokenize texts without padding (truncated at `max_length`), one call for many texts.
+
+        The pipeline sorts a window of texts by these token counts before cutting it into
+        batches, and `encode` then only pads: bucketing by tokens instead of characters leaves
+        ~1.04x the real tokens in the batches instead of ~1.13x (benchmark corpus, windows of 4096).
+        """
+        texts = [t.lower() for t in texts] if self._lowercase else list(texts)
+        enc = self._tokenizer(texts, padding=False, truncation=True, max_length=self.max_length,
+                              return_attention_mask=False)
+        truncated = self._truncated(texts, enc)
+        keys = [k for k in enc.keys() if k != "attention_mask"]
+        return [TokenizedText({k: enc[k][i] for k in keys}, truncated[i]) for i in range(len(texts))]
+
+    def _truncated(self, texts: Sequence[str], enc: Any) -> list[bool]:
+        encodings = getattr(enc, "encodings", None)
+        if encodings:  # fast tokenizers record the cut-off tail: no second pass needed
+            return [bool(e.overflowing) for e in encodings]
+        full = self._tokenizer(texts, truncation=False, padding=False)["input_ids"]
+        return [len(ids) > self.max_length for ids in full]
+
+    def _pad(self, items: Sequence["TokenizedText"]) -> tuple[Inputs, list[bool]]:
+        """Pad pretokenized texts exactly as the tokenizer pads when it tokenizes (side, ids, mask)."""
         import torch
 
+        # the tokenizer warns that __call__ is faster than encode-then-pad: not when the pad is
+        # all that is left to do
+        warned = getattr(self._tokenizer, "deprecation_warnings", None)
+        if isinstance(warned, dict):
+            warned["Asking-to-pad-a-fast-tokenizer"] = True
+        features = {k: [it.features[k] for it in items] for k in items[0].features}
+        limit = {"max_length": self.max_length} if self._padding == "max_length" else {}
+        enc = self._tokenizer.pad(features, padding=self._padding, return_tensors="np", **limit)
+        tensors = {k: to_device(torch.from_numpy(np.ascontiguousarray(v)), self.device) for k, v in enc.items()}
+        return tensors, [it.truncated for it in items]
+
+    def tokenize(self, texts: Sequence[Any]) -> tuple[Inputs, list[bool]]:
+        """Tokenize with truncation at `max_length`; also say which texts lost tokens.
+
+        `texts` are strings, or `TokenizedText`s from `pretokenize` (then only padded)."""
+        import torch
+
+        if any(isinstance(t, TokenizedText) for t in texts):
+            return self._pad([t if isinstance(t, TokenizedText) else self.pretokenize([t])[0] for t in texts])
         texts = [t.lower() for t in texts] if self._lowercase else list(texts)
         # numpy, then a zero-copy `from_numpy`: transformers builds "pt" tensors with
         # `torch.tensor(list of lists)`, which costs more than the tokenizing itself on short texts
         enc = self._tokenizer(texts, padding=self._padding, truncation=True, max_length=self.max_length,
                               return_tensors="np")
-        encodings = getattr(enc, "encodings", None)
-        if encodings:  # fast tokenizers record the cut-off tail: no second pass needed
-            truncated = [bool(e.overflowing) for e in encodings]
-        else:
-            full = self._tokenizer(texts, truncation=False, padding=False)["input_ids"]
-            truncated = [len(ids) > self.max_length for ids in full]
+        truncated = self._truncated(texts, enc)
         return {k: to_device(torch.from_numpy(np.ascontiguousarray(v)), self.device) for k, v in enc.items()}, truncated
 
     def collate_images(self, items: Sequence[ImageInput]) -> Inputs:

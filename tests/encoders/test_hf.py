@@ -203,3 +203,15 @@ def test_compile_failure_falls_back_to_eager(models: dict[str, Path], monkeypatc
         encoder.encode("text", TEXTS)
     assert torch.equal(out.vectors, eager.encode("text", TEXTS).vectors)
     assert sum("torch.compile failed" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "siglip2"])
+def test_pretokenized_texts_give_the_same_inputs_and_vectors(models: dict[str, Path], name: str) -> None:
+    """Token bucketing's pretokenize + pad equals tokenizing the strings (SigLIP pads to max_length)."""
+    enc = load_encoder(ModelConfig(model=str(models[name]), device="cpu"), device="cpu")
+    want_inputs, want_trunc = enc.tokenize(TEXTS)
+    got_inputs, got_trunc = enc.tokenize(enc.pretokenize(TEXTS))
+    assert got_trunc == want_trunc and got_inputs.keys() == want_inputs.keys()
+    for k in want_inputs:
+        assert torch.equal(got_inputs[k], want_inputs[k]), k
+    assert torch.equal(enc.encode("text", enc.pretokenize(TEXTS)).vectors, enc.encode("text", TEXTS).vectors)

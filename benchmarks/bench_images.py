@@ -148,9 +148,7 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="default: a,b,c,c0 on CPU, a,b,c on CUDA; also c1")
     ap.add_argument("--compile", action="store_true", help="pass --compile to mmenc")
     ap.add_argument("--child", choices=["naive", "batched"], help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
-    ap.add_argument("--manifest", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    common.child_args(ap)
     args = ap.parse_args()
     if args.child:
         _child(args)

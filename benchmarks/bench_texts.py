@@ -130,9 +130,7 @@ def main() -> None:
                     help="also compare in one process, interleaved (default: yes)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-inprocess", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
-    ap.add_argument("--manifest", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    common.child_args(ap)
     args = ap.parse_args()
     if args.child:
         _child(args)

@@ -71,6 +71,14 @@ def _versions() -> str:
     return ", ".join(out)
 
 
+def child_args(ap: Any) -> None:
+    """The hidden options a benchmark passes to its own child processes."""
+    import argparse
+
+    for name in ("--model", "--manifest", "--out"):
+        ap.add_argument(name, help=argparse.SUPPRESS)
+
+
 def median(values: Sequence[float]) -> float:
     """The median (of the 3 runs each benchmark makes)."""
     return float(statistics.median(values))

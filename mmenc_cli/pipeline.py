@@ -285,6 +285,7 @@ class EncodeRun:
     def _load_encoder(self) -> None:
         if self.encoder is not None:
             return
+        t0 = time.perf_counter()  # the load includes importing torch and transformers (~2.5 s)
         factory = self.encoder_factory
         if factory is None:
             from transformers.utils import logging as hf_logging
@@ -293,7 +294,6 @@ class EncodeRun:
 
             hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron and Slurm logs
         device = self.cfg.model.devices[self.worker % len(self.cfg.model.devices)]
-        t0 = time.perf_counter()
         self.encoder = factory(self.cfg.model, device=device)
         log.info("model %s loaded in %.1f s", self.cfg.model.model, time.perf_counter() - t0)
         # a hub id's fingerprint names the requested revision ("main" moves): the commit the model

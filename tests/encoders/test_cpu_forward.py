@@ -114,3 +114,86 @@ def test_onednn_is_refused_when_it_disagrees(monkeypatch: pytest.MonkeyPatch) ->
         want = model(x)
         assert hf.use_onednn_linears(model) == 2
         assert torch.allclose(model(x), want, rtol=0, atol=1e-6)
+
+
+def test_bert_blocks_get_fused_gelu_and_residual_adds(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                       threads: None) -> None:
+    """On the tiny BERT every intermediate gets the GELU and every output block the residual add
+    as a oneDNN post-op, on packed weights (the equality with PyTorch's path is checked above)."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
+    enc = load(models["st"], monkeypatch, fast=True)
+    layers = enc.model.encoder.layer
+    for layer in layers:
+        for block in (layer.intermediate, layer.output, layer.attention.output):
+            assert "forward" in vars(block), type(block).__name__
+    linears = [m for m in enc.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all("_mmenc_w" in vars(m) for m in linears)
+    assert not any(name.endswith("_mmenc_w") for name, _ in enc.model.named_parameters())
+
+
+class _Intermediate(torch.nn.Module):
+    def __init__(self, act: torch.nn.Module) -> None:
+        super().__init__()
+        self.dense = torch.nn.Linear(8, 16)
+        self.intermediate_act_fn = act
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+class _Output(torch.nn.Module):
+    def __init__(self, norm: bool, scale: float = 1.0) -> None:
+        super().__init__()
+        self.dense = torch.nn.Linear(16, 8)
+        self.LayerNorm = torch.nn.LayerNorm(8) if norm else None
+        self.scale = scale
+
+    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        out = self.dense(hidden_states) + self.scale * input_tensor
+        return self.LayerNorm(out) if self.LayerNorm is not None else out
+
+
+@pytest.mark.parametrize("block, fused", [
+    (_Intermediate(torch.nn.GELU()), True),                       # exact GELU: the "none" post-op
+    (_Intermediate(torch.nn.GELU(approximate="tanh")), True),     # tanh GELU: the "tanh" post-op
+    (_Intermediate(torch.nn.ReLU()), False),                      # no GELU: left alone
+    (_Intermediate(torch.nn.SiLU()), False),
+    (_Output(norm=True), True),                                   # LayerNorm(dense(x) + residual)
+    (_Output(norm=False), True),                                  # dense(x) + residual
+    (_Output(norm=True, scale=0.5), False),                       # a scaled residual is not a plain add
+])
+def test_a_block_is_fused_only_when_it_computes_what_it_did(block: torch.nn.Module, fused: bool) -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
+    model = torch.nn.ModuleList([block]).eval()
+    args = (torch.randn(4, 5, 8),) if isinstance(block, _Intermediate) else (torch.randn(4, 5, 16), torch.randn(4, 5, 8))
+    with torch.inference_mode():
+        want = block(*args)
+        assert hf.use_onednn_linears(model) == 1
+        got = block(*args)
+    assert ("forward" in vars(block)) is fused
+    assert (got - want).abs().max().item() <= TOL
+
+
+def test_freed_memory_is_kept_unless_the_user_tunes_malloc() -> None:
+    """`keep_freed_memory` sets glibc's thresholds once per process, and stays out of the way of a
+    user's own malloc tuning or MMENC_MALLOC=0 (each case in a fresh interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from mmenc_cli.encoders.device import keep_freed_memory as k; print(k(), k())"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+
+    def run(**env: str) -> str:
+        return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True,
+                              text=True, check=True).stdout.split()
+
+    import platform
+
+    expected = "True" if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" else "False"
+    assert run() == [expected, expected]
+    assert run(MMENC_MALLOC="0") == ["False", "False"]
+    assert run(MALLOC_ARENA_MAX="2") == ["False", "False"]
+    assert run(GLIBC_TUNABLES="glibc.malloc.trim_threshold=0") == ["False", "False"]

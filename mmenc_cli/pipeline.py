@@ -29,8 +29,7 @@ from .records import MODALITIES, InvalidRow, Item, ManifestRow
 
 log = logging.getLogger("mmenc")
 #: texts collected before they are sorted by length and cut into batches; bounded (the rows, their
-#: strings and token ids: ~1.5 KB each for caption-like texts, ~25 MB), large enough that the
-#: batches pad little (tokens computed / real tokens on the benchmark corpus, batches of 32:
+#: strings and token ids of at most this many texts), large enough that the batches pad little (tokens computed / real tokens on the benchmark corpus, batches of 32:
 #: windows of 4096 1.036, 8192 1.024, 16384 ~1.01; sentence-transformers' sort of all texts by
 #: characters 1.109)
 TEXT_WINDOW = 16384
@@ -637,8 +636,7 @@ class _Stages:
             return
         # length bucketing: sort a window of texts by length so each batch pads little. By
         # tokens where the encoder can pretokenize (then it only pads each batch), else by
-        # characters. Windows of 4096 caption-like texts compute ~1.04x the real tokens sorted by
-        # tokens, ~1.13x by characters; windows of 256 by characters ~1.47x.
+        # characters (TEXT_WINDOW gives the padding each window size leaves).
         pretokenize = getattr(self.run.encoder, "pretokenize", None)
         if pretokenize is not None:
             raw = [i for i, (_, t) in enumerate(self.texts) if isinstance(t, str)]  # not the carried-over tail

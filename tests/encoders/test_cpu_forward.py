@@ -25,7 +25,9 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cpu-forward")
-    return {"clip": mf.make_tiny_clip(root / "clip"), "st": mf.make_tiny_st(root / "st")}
+    return {"clip": mf.make_tiny_clip(root / "clip"), "st": mf.make_tiny_st(root / "st"),
+            "siglip": mf.make_tiny_siglip(root / "siglip"), "vit": mf.make_tiny_vit(root / "vit"),
+            "dinov2": mf.make_tiny_dinov2(root / "dinov2")}
 
 
 @pytest.fixture
@@ -52,10 +54,13 @@ def load(path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool):
     return load_encoder(ModelConfig(model=str(path), device="cpu"), device="cpu")
 
 
-@pytest.mark.parametrize("modality", ["text", "image"])
+@pytest.mark.parametrize("name, modality", [("st", "text"), ("clip", "image"), ("siglip", "image"),
+                                            ("siglip", "text"), ("vit", "image"), ("dinov2", "image")])
 def test_fast_cpu_forward_equals_pytorchs_own(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                             threads: None, modality: str) -> None:
-    path = models["st" if modality == "text" else "clip"]
+                                             threads: None, name: str, modality: str) -> None:
+    """Packed linears and fused blocks (BERT, ViT, DINOv2 intermediates/outputs, SigLIP's tanh-GELU
+    MLPs; CLIP's quick-GELU MLPs stay unfused) give PyTorch's vectors."""
+    path = models[name]
     ref = load(path, monkeypatch, fast=False)
     assert ref.info["cpu_linear"] is None and ref.info["cpu_streams"] == 1
     payloads = texts(40) if modality == "text" else [ref.image_preprocessor()(im) for im in images(40)]
@@ -64,6 +69,9 @@ def test_fast_cpu_forward_equals_pytorchs_own(models: dict[str, Path], monkeypat
     if torch.backends.mkldnn.is_available():
         assert fast.info["cpu_linear"] == "onednn"
         assert any(isinstance(m, torch.nn.Linear) and "forward" in vars(m) for m in fast.model.modules())
+        fused = {type(m).__name__ for m in fast.model.modules()
+                 if "forward" in vars(m) and not isinstance(m, torch.nn.Linear)}
+        assert bool(fused) is (name != "clip"), fused  # CLIP's MLPs use quick-GELU: no post-op for it
     assert fast.info["cpu_streams"] == min(2, hf._TORCH_THREADS[0])
     if fast.info["cpu_streams"] == 2:
         assert len(fast._split(payloads)) == 2 and len(fast._split(payloads[:15])) == 1

@@ -55,6 +55,16 @@ def test_shard_names_and_schema_metadata(encoded: Path) -> None:
     assert meta["dim"] == 8 and meta["model"] == "fake"
 
 
+def test_the_float_column_is_written_without_a_dictionary(encoded: Path) -> None:
+    """Strings (id, modality, kept fields) may be dictionary-encoded; the embedding floats never
+    are (a dictionary of distinct floats only costs CPU)."""
+    meta = pq.ParquetFile(OutDir(encoded).shards()[0]).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: set(meta.column(i).encodings) for i in range(meta.num_columns)}
+    dictionary = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+    assert not encodings["embedding.list.element"] & dictionary, encodings
+    assert encodings["modality"] & dictionary, encodings
+
+
 def test_read_embeddings_returns_float32_matrix(encoded: Path) -> None:
     ids, mat = read_embeddings(encoded, "text")
     assert mat.dtype == np.float32 and mat.shape == (8, 8) and len(set(ids)) == 8

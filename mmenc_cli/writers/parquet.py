@@ -47,5 +47,9 @@ class ParquetShardWriter:
         import pyarrow.parquet as pq
 
         table = self.table(data)
-        tmp = write_tmp(self.out, name, lambda p: pq.write_table(table, p, compression="zstd"))
+        # no dictionary for the float column: pyarrow tries one by default and gives it up after a
+        # page, ~25% of the write's CPU for nothing (10k x 384 float32: 67 -> 49 ms, 4% smaller)
+        strings = ["id", "modality", *self.keep]
+        tmp = write_tmp(self.out, name, lambda p: pq.write_table(table, p, compression="zstd",
+                                                                use_dictionary=strings))
         return self.out.commit(tmp, name)

@@ -619,6 +619,9 @@ class _Stages:
             device_seconds = getattr(self.run.encoder, "device_seconds", None)
             if device_seconds is not None and (busy := device_seconds()) is not None:
                 self.run.counters.seconds["forward_device"] = busy  # CUDA events: the forward's GPU time
+            cpu_path = getattr(self.run.encoder, "cpu_path_summary", None)
+            if cpu_path is not None and (summary := cpu_path()):
+                log.info("CPU forward: %s", summary)
         finally:
             if self.pool is not None:
                 self.pool.close(kill=interrupted)

@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import logging
 import os
+import time
 import types
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import numpy as np
 
 from . import ModelLoadError, ModelProbe, fetch_file
 from .base import EncodeOutput, ImageInput, ImagePreprocessor
+from .cpu_choice import PathChoice
 from .device import resolve_dtype, to_device
 from .images import plan_image_input
 
@@ -135,11 +137,33 @@ def keep_accepted(fn: Callable[..., Any]) -> Callable[[Inputs], Inputs]:
     return lambda inputs: {k: v for k, v in inputs.items() if k in names}
 
 
+def _units(inputs: Inputs) -> int:
+    """A batch's size for timing: its token ids or pixels (padded), else 0 (not timed)."""
+    for key in ("input_ids", "pixel_values"):
+        if key in inputs:
+            return int(inputs[key].numel())
+    return 0
+
+
+def _onednn_on(module: Any) -> bool:
+    """Whether a patched layer or block takes oneDNN's path for the batch in flight (its model's
+    `PathChoice` says; a layer not yet given one, during the load-time checks, does)."""
+    choice = module.__dict__.get("_mmenc_path")
+    return choice is None or choice.on
+
+
+def cpu_path_choice(model: Any) -> PathChoice | None:
+    """The `PathChoice` between oneDNN's and PyTorch's linears of a model `use_onednn_linears`
+    switched, else None."""
+    return model.__dict__.get("_mmenc_path")
+
+
 def _onednn_linear(self: Any, x: "torch.Tensor") -> "torch.Tensor":
-    """`nn.Linear.forward` through oneDNN, on the weight it packed at load (float32 CPU inputs)."""
+    """`nn.Linear.forward` through oneDNN, on the weight it packed at load (float32 CPU inputs),
+    or PyTorch's own when its model's `PathChoice` says so."""
     import torch
 
-    if x.dtype is torch.float32 and x.device.type == "cpu":
+    if x.dtype is torch.float32 and x.device.type == "cpu" and _onednn_on(self):
         return torch.ops.mkldnn._linear_pointwise(x, _packed(self), self.bias, "none", [], "")
     return torch.nn.functional.linear(x, self.weight, self.bias)
 
@@ -170,6 +194,8 @@ def _linear_add(linear: Any, x: "torch.Tensor", residual: "torch.Tensor") -> "to
 def _gelu_block(first: str, second: str | None, algorithm: str) -> Callable[..., "torch.Tensor"]:
     """A block computing `act(first(x))` (then `second(...)`), the activation a GELU."""
     def forward(self: Any, hidden_states: "torch.Tensor", *args: Any, **kwargs: Any) -> "torch.Tensor":
+        if not _onednn_on(self):
+            return type(self).forward(self, hidden_states, *args, **kwargs)
         out = _linear_gelu(getattr(self, first), hidden_states, algorithm)
         return getattr(self, second)(out) if second else out
     return forward
@@ -178,6 +204,8 @@ def _gelu_block(first: str, second: str | None, algorithm: str) -> Callable[...,
 def _residual_block(norm: bool) -> Callable[..., "torch.Tensor"]:
     """A block computing `dense(x) + input_tensor` (then its `LayerNorm` when `norm`)."""
     def forward(self: Any, hidden_states: "torch.Tensor", input_tensor: "torch.Tensor") -> "torch.Tensor":
+        if not _onednn_on(self):
+            return type(self).forward(self, hidden_states, input_tensor)
         out = _linear_add(self.dense, hidden_states, input_tensor)
         return self.LayerNorm(out) if norm else out
     return forward
@@ -210,7 +238,7 @@ def _block_candidates(module: Any) -> tuple[tuple[Any, ...], list[Callable[..., 
     return None
 
 
-def _fuse_blocks(model: Any) -> int:
+def _fuse_blocks(model: Any, choice: PathChoice) -> int:
     """Fold GELUs and residual adds into the oneDNN linear before them, block by block; a block
     is switched only if its fused forward gives what its own forward gives on a random input."""
     import torch
@@ -230,6 +258,7 @@ def _fuse_blocks(model: Any) -> int:
                     ok = False
                 if ok:
                     module.forward = types.MethodType(forward, module)
+                    module.__dict__["_mmenc_path"] = choice
                     fused += 1
                     break
     return fused
@@ -256,12 +285,17 @@ def use_onednn_linears(model: Any) -> int:
     MiniLM forward, 2 threads: Intel Xeon (AVX-512), MKL already at the core's peak, +4-6%; AMD
     EPYC, where MKL's sgemm is slower, the (unpacked) oneDNN linears alone gave 1.2-1.3x. The
     packed copies cost the linear weights' size once more in memory. Every layer and block is
-    switched only after a check against PyTorch's own result on a random input; set
-    `MMENC_ONEDNN=0` to keep PyTorch's path.
+    switched only after a check against PyTorch's own result on a random input.
+
+    Which path runs is then decided per batch by the model's `PathChoice` (`cpu_path_choice`):
+    timed probes of the run's own batches, since oneDNN is faster on some CPUs and slower on
+    others (`cpu_choice`). `MMENC_ONEDNN=1` pins oneDNN's path, `MMENC_ONEDNN=0` keeps PyTorch's
+    (nothing is switched).
     """
     import torch
 
-    if os.environ.get("MMENC_ONEDNN", "1") == "0":
+    setting = os.environ.get("MMENC_ONEDNN", "auto").strip().lower()
+    if setting == "0":
         return 0
     try:
         if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
@@ -281,13 +315,18 @@ def use_onednn_linears(model: Any) -> int:
     except Exception as exc:  # an older or ACL-only build: keep PyTorch's own path
         log.info("oneDNN linear unavailable (%s: %s)", type(exc).__name__, _first_line(exc))
         return 0
+    choice = PathChoice("oneDNN's linears", fixed=True if setting == "1" else None)
     with torch.inference_mode():
         for layer in layers:
             _pack(layer)
             layer.forward = types.MethodType(_onednn_linear, layer)
-    fused = _fuse_blocks(model)
-    log.info("CPU forward: %d linears through oneDNN (%d packed), %d blocks with a fused GELU or residual add",
-             len(layers), sum("_mmenc_w" in vars(m) for m in layers), fused)
+    fused = _fuse_blocks(model, choice)
+    for layer in layers:
+        layer.__dict__["_mmenc_path"] = choice
+    model.__dict__["_mmenc_path"] = choice
+    log.info("CPU forward: %d linears through oneDNN (%d packed), %d blocks with a fused GELU or residual add; %s",
+             len(layers), sum("_mmenc_w" in vars(m) for m in layers), fused,
+             "pinned (MMENC_ONEDNN=1)" if choice.fixed else "used where timed probes of the run's batches find it faster")
     return len(layers)
 
 
@@ -459,6 +498,7 @@ class HFEncoder:
         # inductor packs CPU linears itself under --compile
         onednn = use_onednn_linears(model) if device == "cpu" and not cfg.compile else 0
         self._streams = cpu_streams(device, cfg.compile)
+        self._path = cpu_path_choice(model) if onednn else None
         self._timer = ForwardTimer(device)
         self._pool: ThreadPoolExecutor | None = None
         if self._streams > 1:
@@ -487,7 +527,7 @@ class HFEncoder:
             "device": device, "dtype": str(self.dtype).removeprefix("torch."),
             "image_input": None if self._prep is None else "uint8" if self._table is not None else "float32",
             "default_normalize": default_normalize, "compile": cfg.compile,
-            "cpu_linear": "onednn" if onednn else None, "cpu_streams": self._streams if device == "cpu" else None,
+            "cpu_linear": None if self._path is None else "onednn" if self._path.fixed else "auto", "cpu_streams": self._streams if device == "cpu" else None,
             "unavailable": dict(unavailable or {}),
         }
         self._run: dict[str, Callable[[Inputs], "torch.Tensor"]] = {
@@ -511,14 +551,19 @@ class HFEncoder:
         if modality not in self.modalities:
             raise ValueError(f"this model does not encode {modality!r}")
         parts = self._split(payloads)
+        if self._path is not None:
+            self._path.begin()  # which CPU linears this batch runs on
+        t0 = time.perf_counter()
         if len(parts) == 1:
             with torch.inference_mode(), _all_threads(self._pool is not None):
                 inputs, truncated = self._inputs(modality, payloads)
                 with self._timer:
                     vectors = self._run[modality](inputs).float()
-                return EncodeOutput(vectors, truncated)
+            if self._path is not None and self._pool is None:  # timed like every batch of a one-stream run
+                self._path.end(time.perf_counter() - t0, _units(inputs))
+            return EncodeOutput(vectors, truncated)
         assert self._pool is not None
-        futures, truncated, error = [], [], None
+        futures, truncated, error, units = [], [], None, 0
         for part in parts:
             try:
                 # inputs are made on this thread (tokenizers are not safe to share across
@@ -530,6 +575,7 @@ class HFEncoder:
                 break
             futures.append(self._pool.submit(self._forward, modality, inputs))
             truncated += part_truncated
+            units += _units(inputs)
         outputs = []
         for future in futures:  # wait for every part before raising: no forward outlives the call
             try:
@@ -538,7 +584,13 @@ class HFEncoder:
                 error = error or exc
         if error is not None:
             raise error
+        if self._path is not None and len(parts) == self._streams:  # full batches only: same threads per part
+            self._path.end(time.perf_counter() - t0, units)
         return EncodeOutput(torch.cat(outputs), truncated)
+
+    def cpu_path_summary(self) -> str | None:
+        """Which CPU linears the run used and why (None where there was no choice)."""
+        return None if self._path is None else self._path.summary()
 
     def device_seconds(self) -> float | None:
         """Seconds the accelerator spent in forward passes so far (CUDA events), None on the CPU."""

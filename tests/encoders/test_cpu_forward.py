@@ -2,7 +2,8 @@
 gives (float32, max |diff| <= 1e-5), in order, and fail cleanly.
 
 The faster path is on by default on the CPU; `MMENC_ONEDNN=0` and `MMENC_CPU_STREAMS=1` turn its
-two parts off, which is the reference here. Batches of 40 are split into two streams of 20.
+two parts off, which is the reference here; `MMENC_ONEDNN=1` pins oneDNN's linears (unset, the
+run's timed batches choose between them and PyTorch's, `test_cpu_choice.py`). Batches of 40 are split into two streams of 20.
 """
 
 from __future__ import annotations
@@ -82,6 +83,34 @@ def test_fast_cpu_forward_equals_pytorchs_own(models: dict[str, Path], monkeypat
     # a lone small batch gives the same rows as inside the split batch
     part = fast.encode(modality, payloads[3:9]).vectors
     assert (part - want.vectors[3:9]).abs().max().item() <= TOL
+
+
+def test_by_default_both_paths_run_and_give_pytorchs_vectors(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                           threads: None) -> None:
+    """Unpinned (`MMENC_ONEDNN` unset), the run's batches choose the path: early batches probe
+    oneDNN's, every batch is within 1e-5 of PyTorch's, and the reference path *is* PyTorch's
+    (bitwise, same streams)."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.setenv("MMENC_CPU_STREAMS", "2")
+    monkeypatch.setenv("MMENC_ONEDNN", "0")
+    ref = load_encoder(ModelConfig(model=str(models["st"]), device="cpu"), device="cpu")
+    monkeypatch.delenv("MMENC_ONEDNN")
+    enc = load_encoder(ModelConfig(model=str(models["st"]), device="cpu"), device="cpu")
+    assert enc.info["cpu_linear"] == "auto" and hf.cpu_path_choice(enc.model) is enc._path
+    batches = [texts(40 + i)[i:] for i in range(16)]
+    paths = []
+    for batch in batches:
+        got = enc.encode("text", batch).vectors
+        paths.append(enc._path.on)
+        assert (got - ref.encode("text", batch).vectors).abs().max().item() <= TOL
+    assert True in paths and False in paths, paths
+    timed = sum(enc._path.counts)
+    # untimed: the load-time probe and the first batch (warm-ups); lone parts when streams are off
+    assert timed == (len(batches) - 1 if enc.info["cpu_streams"] == 2 or hf._TORCH_THREADS[0] == 1 else 0)
+    assert enc.cpu_path_summary()
+    enc._path.fixed = False  # PyTorch's path through the patched layers: the same arithmetic
+    assert torch.equal(enc.encode("text", batches[0]).vectors, ref.encode("text", batches[0]).vectors)
 
 
 def test_a_failing_stream_fails_the_call_after_every_part_has_finished(models: dict[str, Path],

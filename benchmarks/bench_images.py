@@ -19,7 +19,8 @@ Variants, each a whole Python process started by this script and measured the sa
                same arithmetic as (b); each half-batch runs on one thread, so a decode worker
                that takes a core stalls one stream instead of every OpenMP barrier of the forward.
                (c1)/(b) is what the pipeline gains without faster kernels; (c)/(c1) what oneDNN's
-               fused linears add. c0 and c1 are CPU only and not in the default set.
+               fused linears add where the run's timed probes choose them (each mmenc run's
+               choice is printed under the medians). c0 and c1 are CPU only and not in the default set.
 
 For each: end-to-end wall time of the process (interpreter start, imports, model load, all
 images, writing the embeddings) and throughput excluding start-up and model load (the loop from
@@ -132,7 +133,7 @@ def run_mmenc(args: argparse.Namespace, model: Path, manifest: Path, work: Path,
     r = common.run_mmenc([str(manifest), *extra], work / "mmenc-out", env=env)
     loop = r.elapsed - (r.load_seconds or 0.0)
     return {"wall": r.wall, "n": r.items, "loop": loop, "busy": r.busy_share, "seconds": r.seconds,
-            "load": r.load_seconds, "elapsed": r.elapsed, "others": r.others}
+            "load": r.load_seconds, "elapsed": r.elapsed, "others": r.others, "cpu_path": r.cpu_path}
 
 
 def main() -> None:
@@ -210,6 +211,9 @@ def main() -> None:
         print(f"  {v} seconds per stage (median run): model load {c['load']}, read {c['seconds']['read']:.2f}, "
               f"decode {c['seconds']['decode']:.2f} (summed over workers), encode {c['seconds']['encode']:.2f}, "
               f"write {c['seconds']['write']:.2f}, run {c['elapsed']:.2f}; forward busy {c['busy']:.0%} of the loop")
+        for r in results[v]:
+            if r["cpu_path"]:
+                print(f"    CPU linears: {r['cpu_path']}")
     print("ratios (medians, excl. load / end to end):")
     for x, y in (("c", "b"), ("c0", "b"), ("c1", "b"), ("c", "c0"), ("c", "c1"), ("c", "a"), ("b", "a")):
         if x in med and y in med:

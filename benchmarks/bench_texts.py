@@ -13,7 +13,9 @@ Variants, each a whole Python process started by this script, measured the same 
           JSONL manifest, tokenizes in batches with length bucketing, writes Parquet shards.
   (mmenc0) the same with PyTorch's own CPU forward (`MMENC_ONEDNN=0 MMENC_CPU_STREAMS=1`), the
           forward sentence-transformers runs: mmenc/mmenc0 is what mmenc's CPU forward (oneDNN
-          linears, two batch streams) adds, mmenc0/st what the rest of the pipeline does. CPU only.
+          linears where the run's timed probes find them faster, two batch streams) adds, mmenc0/st
+          what the rest of the pipeline does. CPU only. Each mmenc run's choice of CPU linears
+          (oneDNN's or PyTorch's, with the probes' median ratio) is printed under the medians.
 
 Also (--inprocess, default on): both in ONE child process, interleaved per round, models loaded
 once; mmenc as `run_encode(cfg)` (manifest -> bucketing -> shards) with its encoder preloaded.
@@ -167,7 +169,7 @@ def main() -> None:
                               "--batch-size", str(args.batch_size), "--device", args.device, "--dtype", args.dtype],
                              work / "mmenc-out", env=env)
         return {"n": m.items, "loop": m.elapsed - (m.load_seconds or 0.0), "wall": m.wall,
-                "seconds": m.seconds, "busy": m.busy_share, "others": m.others}
+                "seconds": m.seconds, "busy": m.busy_share, "others": m.others, "cpu_path": m.cpu_path}
 
     for run in range(args.runs):
         for v in variants:
@@ -191,6 +193,9 @@ def main() -> None:
         s = m["seconds"]
         print(f"  {v} seconds per stage (median run): read {s['read']:.2f}, encode {s['encode']:.2f}, "
               f"write {s['write']:.2f}; forward busy {m['busy']:.0%} of the loop")
+        for r in results[v]:
+            if r["cpu_path"]:
+                print(f"    CPU linears: {r['cpu_path']}")
     for x, y in (("mmenc", "st"), ("mmenc0", "st"), ("mmenc", "mmenc0")):
         if x in med and y in med:
             print(f"ratio {x}/{y}: {common.ratio(med[x][0], med[y][0])} excl. load, "

@@ -283,6 +283,7 @@ def check(t: Timed, what: str) -> None:
 
 _PROGRESS = re.compile(r"progress: rows (\d+), encoded (\d+)")
 _LOADED = re.compile(r"model .* loaded in ([0-9.]+) s")
+_CPU_PATH = re.compile(r"CPU forward: (.*(?:path|fixed).*)$")
 
 
 @dataclass
@@ -299,6 +300,7 @@ class MmencRun:
     peak_rss: int = 0
     rss: list[tuple[float, int]] = field(default_factory=list)
     others: float = 0.0
+    cpu_path: str = ""  # which CPU linears the run used and why (mmenc's closing "CPU forward:" log line)
 
     @property
     def steady_rate(self) -> float:
@@ -329,7 +331,7 @@ def run_mmenc(args: Sequence[str], out: Path, *, env: dict[str, str] | None = No
     t = run_timed(cmd, env=env, sample_rss=sample_rss)
     check(t, "mmenc encode")
     marks: list[tuple[float, int]] = []
-    load = None
+    load, cpu_path = None, ""
     for ts, line in t.lines:
         m = _PROGRESS.search(line)
         if m:
@@ -337,12 +339,15 @@ def run_mmenc(args: Sequence[str], out: Path, *, env: dict[str, str] | None = No
         m = _LOADED.search(line)
         if m:
             load = float(m.group(1))
+        m = _CPU_PATH.search(line)
+        if m:
+            cpu_path = m.group(1).strip()
     meta = json.loads((out / "_mmenc" / "tasks" / "task-00000.json").read_text())
     counters = meta["counters"]
     items = sum(m["encoded"] for m in counters["modalities"].values())
     n, secs = marks_window(marks)
     return MmencRun(t.wall, items, n, secs, load, counters["seconds"], float(meta["elapsed"]), t.peak_rss, t.rss,
-                    t.others)
+                    t.others, cpu_path)
 
 
 def parse_marks(t: Timed, tag: str = "BENCH-MARK") -> list[tuple[float, int]]:

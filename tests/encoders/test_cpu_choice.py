@@ -87,3 +87,49 @@ def test_a_pinned_path_is_never_probed(fixed: bool) -> None:
     choice = PathChoice("alt", fixed=fixed)
     assert set(drive(choice, 50, lambda i, on: 0.5 if on != fixed else 1.0)) == {fixed}
     assert not choice.scores and sum(choice.counts) == 0 and "fixed" in choice.summary()
+
+
+def probe_indices(paths: list[bool], choice_path: bool) -> list[int]:
+    """The timed-batch indices (from 0) that ran on the path not chosen, after the warm-ups."""
+    return [i - cpu_choice.WARMUP for i, on in enumerate(paths) if i >= cpu_choice.WARMUP and on != choice_path]
+
+
+def test_a_clear_winner_widens_the_gap_between_probes_up_to_max_period() -> None:
+    """oneDNN's linears at 0.75x PyTorch's time (as on a Zen 4): after the early probes the gap
+    doubles at each probe that agrees, 32, 64, then MAX_PERIOD, so over 1000 batches far
+    fewer run on the slower path than one in PERIOD would give."""
+    choice = PathChoice("fast")
+    n = 1000
+    paths = drive(choice, n, lambda i, on: 0.75 if on else 1.0)
+    assert choice.choice is True and choice.period == cpu_choice.MAX_PERIOD
+    probes = [i for i in probe_indices(paths, True) if i >= 2 * cpu_choice.EARLY_PROBES - 1]
+    assert probes[0] == 2 * cpu_choice.EARLY_PROBES - 1  # the last early probe, the first paced one
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:4] == [32, 64, 128, 128], probes
+    assert all(g == cpu_choice.MAX_PERIOD for g in gaps[3:])
+    old_bound = cpu_choice.EARLY_PROBES + (n - 2 * cpu_choice.EARLY_PROBES) // cpu_choice.PERIOD
+    assert paths.count(False) < old_bound / 3, (paths.count(False), old_bound)
+
+
+def test_a_close_call_keeps_probing_every_period() -> None:
+    """oneDNN's linears 5% slower (within DECISIVE): the gap stays PERIOD, the choice stays
+    PyTorch's path, and the probes keep coming at the steady pace."""
+    choice = PathChoice("alt")
+    paths = drive(choice, 400, lambda i, on: 1.05 if on else 1.0)
+    assert choice.choice is False and choice.period == cpu_choice.PERIOD
+    probes = [i for i in probe_indices(paths, False) if i >= 2 * cpu_choice.EARLY_PROBES]
+    assert {b - a for a, b in zip(probes, probes[1:])} == {cpu_choice.PERIOD}
+
+
+def test_a_widened_gap_falls_back_when_a_probe_disagrees_and_the_choice_still_follows() -> None:
+    """Clearly slower alternative for 600 batches (gap at MAX_PERIOD), then clearly faster: the
+    first probe that finds it faster resets the gap to PERIOD, and the choice flips within a
+    few periods after that rather than waiting MAX_PERIOD per probe."""
+    choice = PathChoice("alt")
+    drive(choice, 600, lambda i, on: 1.3 if on else 1.0)
+    assert choice.choice is False and choice.period == cpu_choice.MAX_PERIOD
+    paths = drive(choice, 600, lambda i, on: 0.7 if on else 1.0)
+    assert choice.choice is True
+    first_on_run = next(i for i in range(len(paths) - 2) if paths[i] and paths[i + 1] and paths[i + 2])
+    # at most MAX_PERIOD to the first probe, then KEEP // 2 + 1 probes a PERIOD apart, plus slack
+    assert first_on_run <= cpu_choice.MAX_PERIOD + (cpu_choice.KEEP // 2 + 1) * cpu_choice.PERIOD + 4, first_on_run

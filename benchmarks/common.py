@@ -283,7 +283,7 @@ def check(t: Timed, what: str) -> None:
 
 _PROGRESS = re.compile(r"progress: rows (\d+), encoded (\d+)")
 _LOADED = re.compile(r"model .* loaded in ([0-9.]+) s")
-_CPU_PATH = re.compile(r"CPU forward: (.*(?:path|fixed).*)$")
+_CPU_PATH = re.compile(r"CPU forward, whole run: (.*)$")
 
 
 @dataclass
@@ -300,7 +300,7 @@ class MmencRun:
     peak_rss: int = 0
     rss: list[tuple[float, int]] = field(default_factory=list)
     others: float = 0.0
-    cpu_path: str = ""  # which CPU linears the run used and why (mmenc's closing "CPU forward:" log line)
+    cpu_path: str = ""  # which CPU linears the run used and why (mmenc's closing "CPU forward, whole run:" log line)
 
     @property
     def steady_rate(self) -> float:

@@ -621,7 +621,7 @@ class _Stages:
                 self.run.counters.seconds["forward_device"] = busy  # CUDA events: the forward's GPU time
             cpu_path = getattr(self.run.encoder, "cpu_path_summary", None)
             if cpu_path is not None and (summary := cpu_path()):
-                log.info("CPU forward: %s", summary)
+                log.info("CPU forward, whole run: %s", summary)
         finally:
             if self.pool is not None:
                 self.pool.close(kill=interrupted)

@@ -123,5 +123,5 @@ class PathChoice:
         path = self.name if self.choice else "PyTorch's own path"
         if not self.scores:
             return f"{path} (no probe scored yet)"
-        return (f"{path}: {self.name} takes {statistics.median(self.scores):.2f}x PyTorch's time "
+        return (f"using {path}: {self.name} takes {statistics.median(self.scores):.2f}x PyTorch's time "
                 f"(median of {len(self.scores)} probes; {self.counts[1]} of {sum(self.counts)} timed batches on {self.name})")

@@ -234,3 +234,40 @@ def test_freed_memory_is_kept_unless_the_user_tunes_malloc() -> None:
     assert run(MMENC_MALLOC="0") == ["False", "False"]
     assert run(MALLOC_ARENA_MAX="2") == ["False", "False"]
     assert run(GLIBC_TUNABLES="glibc.malloc.trim_threshold=0") == ["False", "False"]
+
+
+def test_a_run_closes_with_one_whole_run_summary_that_the_benchmarks_read(models: dict[str, Path], tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         threads: None, caplog: pytest.LogCaptureFixture) -> None:
+    """The run logs its CPU-path evidence once, at the end, under its own prefix; the benchmarks'
+    parser takes that line, not a mid-run "switching to" line (which it once took)."""
+    import importlib.util
+    import json
+    import logging
+    import sys
+
+    from mmenc_cli.config import BatchConfig, RunConfig, WriterConfig
+    from mmenc_cli.pipeline import run_encode
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.delenv("MMENC_ONEDNN", raising=False)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(texts(200))))
+    cfg = RunConfig(manifests=(str(manifest),), model=ModelConfig(model=str(models["st"]), device="cpu"),
+                    writer=WriterConfig(out=str(tmp_path / "out")), batch=BatchConfig(batch_size=16),
+                    modalities=("text",))
+    with caplog.at_level(logging.INFO, logger="mmenc"):
+        result = run_encode(cfg)
+    assert result.counters.encoded == 200
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU forward")]
+    closing = [m for m in lines if m.startswith("CPU forward, whole run: ")]
+    assert len(closing) == 1 and lines[-1] == closing[0], lines
+    assert "timed batches on oneDNN's linears" in closing[0] and "probes" in closing[0], closing
+    spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).parents[2] / "benchmarks" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_common", common)  # its dataclasses look their module up
+    spec.loader.exec_module(common)
+    switching = "CPU forward: oneDNN's linears takes 0.89x the time of PyTorch's own path (median of the last 1 probes)"
+    parsed = [m.group(1) for line in (switching, *lines) if (m := common._CPU_PATH.search(line))]
+    assert parsed == [closing[0].removeprefix("CPU forward, whole run: ")]

@@ -172,7 +172,8 @@ def render_summary(result: Any) -> None:
     lines.append(f"  accounted: requested {c.requested} + invalid {c.invalid + c.invalid_before} = "
                  f"encoded {c.encoded} + failed {c.failed}: {'yes' if c.balanced else 'NO'}")
     lines.append(f"  throughput {done / max(result.elapsed, 1e-9):.1f} items/s; seconds read {secs['read']:.2f}, "
-                 f"decode {secs['decode']:.2f} (worker time), encode {secs['encode']:.2f}, write {secs['write']:.2f}")
+                 f"decode {secs['decode']:.2f} (worker time), tokenize {secs.get('tokenize', 0.0):.2f}, "
+                 f"encode {secs['encode']:.2f}, write {secs['write']:.2f}")
     if not result.model_loaded:
         lines.append("  nothing new to encode: the model was not loaded")
     if result.threshold_exceeded:

@@ -8,6 +8,7 @@ row in the error report. It raises only for run-level problems (`OutputError`, `
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -33,6 +34,16 @@ log = logging.getLogger("mmenc")
 #: windows of 4096 1.036, 8192 1.024, 16384 ~1.01; sentence-transformers' sort of all texts by
 #: characters 1.109)
 TEXT_WINDOW = 16384
+
+
+def tokenize_ahead(device: str) -> bool:
+    """Whether the next window of texts is tokenized on a background thread while the current
+    one is encoded: on an accelerator, whose forward leaves the CPU cores idle; not on the CPU,
+    where the forward's streams already keep every core busy. `MMENC_TOKENIZE_AHEAD=1|0` forces it."""
+    want = os.environ.get("MMENC_TOKENIZE_AHEAD", "").strip()
+    if want in ("0", "1"):
+        return want == "1"
+    return not str(device).startswith("cpu")
 
 RETRYABLE_CODES = frozenset({503, 504})
 #: options that change the vectors or the output's schema: a run must match the output's
@@ -70,7 +81,7 @@ class Counters:
     invalid_before: int = 0
     rows_skipped: int = 0
     modalities: dict[str, ModalityStats] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=lambda: {"read": 0.0, "decode": 0.0, "encode": 0.0, "write": 0.0})
+    seconds: dict[str, float] = field(default_factory=lambda: {"read": 0.0, "decode": 0.0, "tokenize": 0.0, "encode": 0.0, "write": 0.0})
 
     def mod(self, modality: str) -> ModalityStats:
         return self.modalities.setdefault(modality, ModalityStats())
@@ -508,7 +519,13 @@ class _Stages:
         self.cfg = run.cfg
         self.modalities = modalities
         self.batch_size = self.cfg.batch.batch_size
-        self.texts: list[tuple[Item, str]] = []
+        self.texts: list[tuple[Item, str]] = []  # texts waiting for their window to fill
+        # windows cut and being (or done) tokenized, oldest first, each with its tokenize job (a
+        # future when tokenized ahead); the texts of a window not in a full batch carry over
+        self.windows: collections.deque[tuple[list[tuple[Item, Any]], Any]] = collections.deque()
+        self.carry: list[tuple[Item, Any]] = []
+        self.ahead: Any = None  # the tokenize-ahead thread (a 1-thread executor) and its pretokenize
+        self.ahead_fn: Any = None
         self.images: list[tuple[Item, Any]] = []
         self.image_chunk: list[Item] = []
         self.pool: Any = None
@@ -582,7 +599,9 @@ class _Stages:
     def pump(self) -> None:
         """Encode whatever is ready: full text buckets, finished decodes, full image batches."""
         if len(self.texts) >= max(TEXT_WINDOW, self.batch_size * 8):
-            self._encode_texts(final=False)
+            self._cut_window()
+            while len(self.windows) > (1 if self.ahead is not None else 0):  # keep one tokenizing
+                self._encode_window(final=False)
         if self.pool is not None:
             for chunk, results in self.pool.ready():
                 self._collect(chunk, results)
@@ -612,7 +631,12 @@ class _Stages:
                             self._encode_images(batch)
                 while (batch := self._take_image_batch(final=True)):
                     self._encode_images(batch)
-                self._encode_texts(final=True)
+                if self.texts:
+                    self._cut_window()
+                while self.windows:
+                    self._encode_window(final=len(self.windows) == 1)
+                if self.carry:
+                    self._encode_window(final=True)
             if self.writer is not None:
                 self._flush_shard()
                 self.writer.close()
@@ -623,44 +647,79 @@ class _Stages:
             if cpu_path is not None and (summary := cpu_path()):
                 log.info("CPU forward, whole run: %s", summary)
         finally:
+            self._stop_ahead()
             if self.pool is not None:
                 self.pool.close(kill=interrupted)
 
     def abort(self) -> None:
         """Stop workers and the writer thread after an unexpected error."""
+        self._stop_ahead()
         if self.pool is not None:
             self.pool.close(kill=True)
         if self.writer is not None:
             self.writer.close(check=False)
 
     # -- encoding -------------------------------------------------------------------------
-    def _encode_texts(self, final: bool) -> None:
-        if not self.texts:
-            return
-        # length bucketing: sort a window of texts by length so each batch pads little. By
-        # tokens where the encoder can pretokenize (then it only pads each batch), else by
-        # characters (TEXT_WINDOW gives the padding each window size leaves).
-        pretokenize = getattr(self.run.encoder, "pretokenize", None)
-        if pretokenize is not None:
-            raw = [i for i, (_, t) in enumerate(self.texts) if isinstance(t, str)]  # not the carried-over tail
+    def _cut_window(self) -> None:
+        """Make the texts waiting a window and start tokenizing it: on the tokenize-ahead thread
+        where that is on (`tokenize_ahead`), else here and now."""
+        window, self.texts = self.texts, []
+        if self.ahead is None and self.ahead_fn is None:
+            enc = self.run.encoder
+            make = getattr(enc, "pretokenizer", None)
+            if make is not None and tokenize_ahead(getattr(enc, "device", "cpu")):
+                from concurrent.futures import ThreadPoolExecutor
+
+                self.ahead_fn = make()
+                self.ahead = ThreadPoolExecutor(1, thread_name_prefix="mmenc-tokenize")
+            else:
+                self.ahead_fn = getattr(enc, "pretokenize", None) or False
+        if self.ahead is not None:
+            self.windows.append((window, self.ahead.submit(self._pretokenize, window, self.ahead_fn)))
+        else:
+            self.windows.append((window, self._pretokenize(window, self.ahead_fn)))
+
+    @staticmethod
+    def _pretokenize(window: list[tuple[Item, Any]], pretokenize: Any) -> float:
+        """Tokenize a window's texts in place (without padding; the encoder then only pads each
+        batch); return the seconds it took. Without a `pretokenize` (or when it fails) the
+        window keeps its strings and is bucketed by characters."""
+        t0 = time.perf_counter()
+        if pretokenize:
+            raw = [i for i, (_, t) in enumerate(window) if isinstance(t, str)]
             try:
-                tokens = pretokenize([self.texts[i][1] for i in raw]) if raw else []
+                tokens = pretokenize([window[i][1] for i in raw]) if raw else []
             except Exception as exc:  # e.g. one odd text: keep the strings, batches bisect to it
                 log.info("pretokenizing %d texts failed (%s: %s): bucketing by characters",
                          len(raw), type(exc).__name__, exc)
                 tokens = []
             for i, tok in zip(raw, tokens):
-                self.texts[i] = (self.texts[i][0], tok)
-        # a batch holds one kind of payload: strings (sorted by characters) or tokenized texts
-        self.texts.sort(key=lambda t: (not isinstance(t[1], str), len(t[1])))
+                window[i] = (window[i][0], tok)
+        return time.perf_counter() - t0
+
+    def _encode_window(self, final: bool) -> None:
+        """Encode the oldest window (with the texts carried over) in full batches sorted by
+        length; what does not fill a batch carries over, unless `final`."""
+        window, job = self.windows.popleft() if self.windows else ([], 0.0)
+        self.run.counters.seconds["tokenize"] += job if isinstance(job, float) else job.result()
+        # length bucketing: sort by tokens (pretokenized: each batch is then only padded), else
+        # by characters (TEXT_WINDOW gives the padding each window size leaves); a batch holds
+        # one kind of payload, strings or tokenized texts
+        texts, self.carry = self.carry + window, []
+        texts.sort(key=lambda t: (not isinstance(t[1], str), len(t[1])))
         bs = self.batch_size
-        cut = len(self.texts) if final else (len(self.texts) // bs) * bs
-        window, self.texts = self.texts[:cut], self.texts[cut:]
-        for start in range(0, len(window), bs * 4):
-            part = window[start:start + bs * 4]
+        cut = len(texts) if final else (len(texts) // bs) * bs
+        todo, self.carry = texts[:cut], texts[cut:]
+        for start in range(0, len(todo), bs * 4):
+            part = todo[start:start + bs * 4]
             self._encode("text", [p[0] for p in part], [p[1] for p in part])
             if self.run.stop.is_set():
                 return
+
+    def _stop_ahead(self) -> None:
+        if self.ahead is not None:
+            self.ahead.shutdown(wait=True, cancel_futures=True)
+            self.ahead = None
 
     def _take_image_batch(self, final: bool) -> list[tuple[Item, Any]] | None:
         """Cut the next image batch off `self.images`, or None when no full batch is ready yet.

@@ -12,6 +12,8 @@ Loading goes through transformers' Auto classes (`load_model`, `load_part`), wit
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import inspect
 import logging
 import os
@@ -618,7 +620,7 @@ class HFEncoder:
 
     # -- inputs
 
-    def pretokenize(self, texts: Sequence[str]) -> list["TokenizedText"]:
+    def pretokenize(self, texts: Sequence[str], tokenizer: Any = None) -> list["TokenizedText"]:
         """Tokenize texts without padding (truncated at `max_length`), a few thousand per call.
 
         The pipeline sorts a window of texts by these token counts before cutting it into
@@ -627,22 +629,29 @@ class HFEncoder:
         Calls take `PRETOKENIZE_CHUNK` texts: a fast tokenizer's full `Encoding` objects (tokens,
         offsets, ...) of a whole window would cost several times what is kept (the id lists).
         """
+        tokenizer = self._tokenizer if tokenizer is None else tokenizer
         out: list[TokenizedText] = []
         for start in range(0, len(texts), PRETOKENIZE_CHUNK):
             part = texts[start:start + PRETOKENIZE_CHUNK]
             part = [t.lower() for t in part] if self._lowercase else list(part)
-            enc = self._tokenizer(part, padding=False, truncation=True, max_length=self.max_length,
-                                  return_attention_mask=False)
-            truncated = self._truncated(part, enc)
+            enc = tokenizer(part, padding=False, truncation=True, max_length=self.max_length,
+                            return_attention_mask=False)
+            truncated = self._truncated(part, enc, tokenizer)
             keys = [k for k in enc.keys() if k != "attention_mask"]
             out += [TokenizedText({k: enc[k][i] for k in keys}, truncated[i]) for i in range(len(part))]
         return out
 
-    def _truncated(self, texts: Sequence[str], enc: Any) -> list[bool]:
+    def pretokenizer(self) -> Callable[[Sequence[str]], list["TokenizedText"]]:
+        """`pretokenize` on a copy of the tokenizer, for one other thread (the pipeline's
+        tokenize-ahead thread): a fast tokenizer's truncation and padding are set on it at every
+        call, so the thread that pads batches and another that tokenizes must not share one."""
+        return functools.partial(self.pretokenize, tokenizer=copy.deepcopy(self._tokenizer))
+
+    def _truncated(self, texts: Sequence[str], enc: Any, tokenizer: Any = None) -> list[bool]:
         encodings = getattr(enc, "encodings", None)
         if encodings:  # fast tokenizers record the cut-off tail: no second pass needed
             return [bool(e.overflowing) for e in encodings]
-        full = self._tokenizer(texts, truncation=False, padding=False)["input_ids"]
+        full = (tokenizer or self._tokenizer)(texts, truncation=False, padding=False)["input_ids"]
         return [len(ids) > self.max_length for ids in full]
 
     def _pad(self, items: Sequence["TokenizedText"]) -> tuple[Inputs, list[bool]]:

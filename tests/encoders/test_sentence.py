@@ -169,3 +169,72 @@ def test_pipeline_buckets_by_tokens_and_matches_direct_encoding(tmp_path: Path,
         want = enc.encode("text", [texts[id]]).vectors[0].numpy()
         want = want / np.linalg.norm(want) if result.facts["normalize"] else want
         np.testing.assert_allclose(vec, want, rtol=0, atol=1e-5)
+
+
+def test_texts_tokenized_ahead_on_a_thread_give_the_same_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tokenize-ahead (the default on accelerators, forced here on the CPU) each window is
+    tokenized on the `mmenc-tokenize` thread, on its own tokenizer copy, while the window before
+    it is encoded; the vectors equal those of the inline run, nothing lost or repeated, and a
+    window whose tokenizing fails falls back to strings."""
+    import json
+    import threading
+
+    from mmenc_cli import pipeline
+    from mmenc_cli.config import BatchConfig, RunConfig, WriterConfig
+    from mmenc_cli.encoders import hf
+    from mmenc_cli.reader import read_embeddings
+
+    assert not pipeline.tokenize_ahead("cpu") and pipeline.tokenize_ahead("cuda:0")
+    monkeypatch.setattr(pipeline, "TEXT_WINDOW", 16)
+    path = mf.make_tiny_st(tmp_path / "tiny")
+    words = ["the", "red", "car", "is", "on", "a", "blue", "dog", "and", "cat"]
+    texts = {f"t{i}": " ".join(words[(i * 3 + j) % 10] for j in range(1 + (i * 7) % 40)) for i in range(83)}
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in texts.items()))
+    events: list[tuple[str, str, int]] = []
+    real_pre, real_pad = hf.HFEncoder.pretokenize, hf.HFEncoder._pad
+
+    def pre(self, batch, tokenizer=None):
+        events.append(("tokenize", threading.current_thread().name, len(batch)))
+        if any("fail" in t for t in batch):
+            raise ValueError("tokenizer broke")
+        assert tokenizer is not self._tokenizer or threading.current_thread() is threading.main_thread()
+        return real_pre(self, batch, tokenizer)
+
+    def pad(self, items):
+        events.append(("encode", threading.current_thread().name, len(items)))
+        return real_pad(self, items)
+
+    monkeypatch.setattr(hf.HFEncoder, "pretokenize", pre)
+    monkeypatch.setattr(hf.HFEncoder, "_pad", pad)
+
+    def run(ahead: str, out: str) -> dict[str, np.ndarray]:
+        monkeypatch.setenv("MMENC_TOKENIZE_AHEAD", ahead)
+        events.clear()
+        cfg = RunConfig(manifests=(str(manifest),), model=ModelConfig(model=str(path), device="cpu"),
+                        writer=WriterConfig(out=str(tmp_path / out)), batch=BatchConfig(batch_size=5, workers=0),
+                        modalities=("text",))
+        result = pipeline.run_encode(cfg)
+        assert result.counters.mod("text").encoded == len(texts) and result.counters.failed == 0
+        assert result.counters.seconds["tokenize"] > 0
+        ids, mat = read_embeddings(tmp_path / out, "text")
+        assert sorted(ids) == sorted(texts)
+        return dict(zip(ids, mat))
+
+    inline = run("0", "inline")
+    assert {name for kind, name, _ in events if kind == "tokenize"} == {"MainThread"}
+    ahead = run("1", "ahead")
+    tokenized = [name for kind, name, _ in events if kind == "tokenize"]
+    # windows of max(TEXT_WINDOW, 8 batches) = 40 texts: 40, 40 and the last 3
+    assert len(tokenized) == 3 and all(name.startswith("mmenc-tokenize") for name in tokenized), tokenized
+    # overlap: the second window was handed to the thread before the first window's first batch
+    first_encode = next(i for i, e in enumerate(events) if e[0] == "encode")
+    assert sum(1 for e in events[:first_encode] if e[0] == "tokenize") >= 2, events[:first_encode + 1]
+    for k in texts:
+        np.testing.assert_allclose(ahead[k], inline[k], rtol=0, atol=1e-6)
+    texts["t40"] = "this one will fail the tokenizer"
+    manifest.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in texts.items()))
+    failed = run("1", "failed")
+    for k in texts:
+        if k != "t40":
+            np.testing.assert_allclose(failed[k], inline[k], rtol=0, atol=1e-5)

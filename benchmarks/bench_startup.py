@@ -37,7 +37,7 @@ main()
 def build_out() -> Path:
     """A small output with embeddings and two failed items, made with the fake encoder."""
     sys.path.insert(0, str(common.REPO))
-    from mmenc_cli.pipeline import run_encode
+    from mmenc_cli.run.pipeline import run_encode
     from tests.conftest import make_image, write_jsonl
     from tests.fakes import FakeEncoder, factory
     from tests.test_pipeline import make_cfg

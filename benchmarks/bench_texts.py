@@ -71,7 +71,7 @@ def _child_inprocess(args: argparse.Namespace) -> None:
 
     from mmenc_cli.config import BatchConfig, ModelConfig, RunConfig, WriterConfig
     from mmenc_cli.encoders import load_encoder
-    from mmenc_cli.pipeline import run_encode
+    from mmenc_cli.run.pipeline import run_encode
 
     threads = torch.get_num_threads()
     st = SentenceTransformer(args.model, device=args.device, model_kwargs=_st_dtype(args.dtype))

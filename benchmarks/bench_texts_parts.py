@@ -48,7 +48,7 @@ def main() -> None:
 
     from mmenc_cli.config import BatchConfig, ModelConfig, RunConfig, WriterConfig
     from mmenc_cli.encoders import load_encoder
-    from mmenc_cli.pipeline import run_encode
+    from mmenc_cli.run.pipeline import run_encode
 
     model, bs = model_dir(), args.batch_size
     print(common.machine("cpu"), flush=True)

@@ -14,7 +14,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "read_embeddings": ("reader", "read_embeddings"),
     "inspect_output": ("reader", "inspect_output"),
-    "run_encode": ("pipeline", "run_encode"),
+    "read_token_embedding": ("reader", "read_token_embedding"),
+    "iter_token_embeddings": ("reader", "iter_token_embeddings"),
+    "run_encode": ("run.pipeline", "run_encode"),
+    "RunResult": ("run.counters", "RunResult"),
     "RunConfig": ("config", "RunConfig"),
     "ModelConfig": ("config", "ModelConfig"),
     "WriterConfig": ("config", "WriterConfig"),

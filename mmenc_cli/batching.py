@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .encoders.base import EncodeOutput
-from .errors import MMError, _is_oom, classify, trim_message
+from .errors import MMError, classify, is_out_of_memory, trim_message
 
 log = logging.getLogger("mmenc")
 
@@ -49,7 +49,7 @@ class BatchRunner:
 
     def __init__(self, encode_fn: Callable[[str, Sequence[Any]], EncodeOutput], batch_size: int,
                  grow_after: int = 8, free_memory: Callable[[], None] | None = None,
-                 check: Callable[[str, Sequence[Any], list[np.ndarray]], list[MMError | None]] | None = None) -> None:
+                 check: Callable[[str, Sequence[Any], list[np.ndarray]], list[MMError | None] | None] | None = None) -> None:
         self.encode_fn = encode_fn
         self.max_batch = batch_size
         self.batch_size = batch_size
@@ -84,7 +84,7 @@ class BatchRunner:
         except Exception as exc:  # per-batch failure: back off or bisect, never stop the run
             self._on_failure(modality, payloads, lo, hi, outcomes, exc)
             return
-        checks = self.check(modality, chunk, vectors) if self.check else [None] * len(chunk)
+        checks = (self.check(modality, chunk, vectors) if self.check else None) or [None] * len(chunk)
         truncated = result.truncated or [False] * len(chunk)
         for i, (vec, trunc, err) in enumerate(zip(vectors, truncated, checks)):
             if err is None and not finite[i]:
@@ -95,7 +95,7 @@ class BatchRunner:
     def _on_failure(self, modality: str, payloads: Sequence[Any], lo: int, hi: int,
                     outcomes: list[Outcome | None], exc: Exception) -> None:
         n = hi - lo
-        if _is_oom(exc) or isinstance(exc, MemoryError):
+        if is_out_of_memory(exc) or isinstance(exc, MemoryError):
             self.free_memory()
             if n == 1:
                 outcomes[lo] = Outcome(error=MMError(f"out of memory with this item alone: {trim_message(str(exc), 200)}",

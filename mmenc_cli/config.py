@@ -10,17 +10,15 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .errors import ConfigError
 from .records import MODALITIES
 
 POOLINGS = ("auto", "cls", "mean", "tokens")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 OUT_DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("parquet", "safetensors")
+CPU_FORWARDS = ("auto", "plain", "onednn")
 RESERVED_COLUMNS = frozenset({"id", "modality", "embedding"})
-
-
-class ConfigError(ValueError):
-    """Options that cannot work together (a usage error, exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,14 @@ class MediaConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """What model to load and how to run it. Every field here changes the vectors (fingerprint)."""
+    """What model to load and how to run it.
+
+    The fingerprint (`run/metadata.py`) holds the fields that change the vectors; `device`,
+    `compile` and `cpu_forward` change only the arithmetic's order (float32 within 1e-5).
+    `cpu_forward`: `auto` times the run's own batches to choose between oneDNN's and PyTorch's
+    linears, on two CPU streams; `plain` is PyTorch's own forward on one stream; `onednn` pins
+    oneDNN's linears (see `encoders/cpu/`).
+    """
 
     model: str
     revision: str | None = None
@@ -75,8 +80,11 @@ class ModelConfig:
     trust_remote_code: bool = False
     allow_pickle_weights: bool = False
     compile: bool = False
+    cpu_forward: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.cpu_forward not in CPU_FORWARDS:
+            raise ConfigError(f"--cpu-forward must be one of {', '.join(CPU_FORWARDS)}")
         if self.pooling not in POOLINGS:
             raise ConfigError(f"--pooling must be one of {', '.join(POOLINGS)}")
         if self.dtype not in DTYPES:

@@ -1,8 +1,8 @@
-"""Per-item failures as data: the `MMError` carrier, its codes and reasons, and the error report.
+"""Failures as data, and the run-level errors that stop a run.
 
-Every failure of one item (a manifest row, or one modality of a row) is wrapped in one `MMError`
-carrying the original message, an HTTP-style code, the pipeline stage and a stable `reason` slug.
-Codes keep the client/server split honest:
+Item-level: every failure of one item (a manifest row, or one modality of a row) is wrapped in one
+`MMError` carrying the original message, an HTTP-style code, the pipeline stage and a stable
+`reason` slug. Codes keep the client/server split honest:
 
 =====  ==========================================================================================
 code   meaning
@@ -22,18 +22,25 @@ code   meaning
 =====  ==========================================================================================
 
 `REASONS` lists every reason slug with its code; `classify()` is the one place that maps an
-arbitrary exception to an `MMError`.
+arbitrary exception to an `MMError`. The error report that holds them is `report.py`.
+
+Run-level: what stops a run as a whole derives from `RunError`, which carries the process exit
+code the CLI ends with (`ExitCode`)::
+
+    RunError                        1  (base; an unexpected run-level failure)
+      ConfigError(ValueError)       2  options that cannot work together
+      OutputError                   3  output folder not writable, options that conflict with it
+      ModelLoadError                3  the model cannot be loaded or used as asked
+      ManifestError(ValueError)     3  a manifest that cannot be read at all
+      SubmitError                   3  sbatch missing or refusing the script
+      LockBusy                     75  another live run holds this task's lock
+    LockWaitInterrupted                (internal: a stop signal while waiting for a lock)
 """
 
 from __future__ import annotations
 
+import enum
 import errno
-import json
-import os
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Iterator
 
 STAGES = ("read", "validate", "load", "decode", "preprocess", "encode", "write")
 
@@ -114,6 +121,12 @@ def trim_message(message: str, limit: int = 500) -> str:
     return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
 def classify(exc: BaseException, stage: str) -> MMError:
     """Map any exception raised while handling one item to an `MMError` (the one place that does)."""
     if isinstance(exc, MMError):
@@ -126,7 +139,7 @@ def classify(exc: BaseException, stage: str) -> MMError:
         return MMError(msg, stage=stage, reason="media.permission_denied", error=name)
     if isinstance(exc, IsADirectoryError):
         return MMError(msg, stage=stage, reason="media.is_directory", error=name)
-    if isinstance(exc, MemoryError) or _is_oom(exc):
+    if isinstance(exc, MemoryError) or is_out_of_memory(exc):
         return MMError(msg, stage=stage, reason="encode.out_of_memory", error=name)
     if isinstance(exc, TimeoutError):
         return MMError(msg, stage=stage, reason="remote.timeout", error=name)
@@ -137,7 +150,7 @@ def classify(exc: BaseException, stage: str) -> MMError:
     return MMError(msg, stage=stage, reason=reason, error=name)
 
 
-def _is_oom(exc: BaseException) -> bool:
+def is_out_of_memory(exc: BaseException) -> bool:
     """True for torch's CUDA/MPS out-of-memory errors, without importing torch."""
     name = type(exc).__name__
     if name in ("OutOfMemoryError", "OutOfMemory"):
@@ -146,94 +159,72 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text.lower())
 
 
-# --------------------------------------------------------------------------------------------
-# The error report: JSON lines under OUT/_mmenc/errors/, one file per task and worker.
+class ExitCode(enum.IntEnum):
+    """The exit codes of `mmenc` (README: "Unattended runs")."""
+
+    OK = 0
+    INTERNAL = 1
+    USAGE = 2
+    SETUP = 3
+    THRESHOLD = 4
+    LOCKED = 75  # EX_TEMPFAIL
 
 
-@dataclass(slots=True)
-class ErrorRecord:
-    """One row of the error report. `offset` is what `mmenc errors retry` uses to find the row."""
+class RunError(Exception):
+    """A failure of the run as a whole (never of one item); `exit_code` is how the CLI exits."""
 
-    id: str | None
-    manifest: str | None
-    line: int | None
-    offset: int | None
-    modality: str | None
-    stage: str
-    code: int
-    reason: str
-    error: str
-    message: str
-    source: str | None = None
-    attempt: int = 1
-    time: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    task: int = 0
-    status: str = "failed"  # "failed", or "resolved" for a marker written when a retry succeeded
+    exit_code: int = ExitCode.INTERNAL
 
-    @classmethod
-    def from_error(cls, err: MMError, *, id: str | None, manifest: str | None, line: int | None,
-                   offset: int | None, modality: str | None, source: str | None = None,
-                   attempt: int = 1, task: int = 0) -> "ErrorRecord":
-        """Build a report row from an `MMError` and where the item came from."""
-        return cls(id=id, manifest=manifest, line=line, offset=offset, modality=modality,
-                   stage=err.stage, code=err.code, reason=err.reason, error=err.error,
-                   message=trim_message(err.message), source=source, attempt=attempt, task=task)
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = int(exit_code)
 
-    def to_json(self) -> str:
-        """One JSON line (no trailing newline)."""
-        from dataclasses import asdict
-
-        return json.dumps(asdict(self))  # ASCII: lone surrogates round-trip
+    def __reduce__(self):  # picklable across device worker processes, exit code included
+        return (_rebuild_run_error, (type(self), str(self), self.exit_code))
 
 
-class ErrorReportWriter:
-    """Append-only JSON-lines writer for one (task, worker). Flushes every row so a kill loses none."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(path, "a", encoding="utf-8")
-        self.count = 0
-
-    def write(self, record: ErrorRecord) -> None:
-        """Append one row and flush it to the OS."""
-        self._fh.write(record.to_json() + "\n")
-        self._fh.flush()
-        self.count += 1
-
-    def sync(self) -> None:
-        """fsync the report (at shard commits and at the end of the run)."""
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-
-    def close(self) -> None:
-        """Flush, fsync and close."""
-        if not self._fh.closed:
-            self.sync()
-            self._fh.close()
-
-    def __enter__(self) -> "ErrorReportWriter":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+def _rebuild_run_error(cls: type[RunError], message: str, exit_code: int) -> RunError:
+    err = cls.__new__(cls)
+    RunError.__init__(err, message, exit_code)
+    return err
 
 
-def iter_error_records(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
-    """Read raw report rows from many report files; a torn last line (killed writer) is skipped."""
-    for path in paths:
-        try:
-            fh = open(path, encoding="utf-8")
-        except FileNotFoundError:
-            continue
-        with fh:
-            for text in fh:
-                text = text.strip()
-                if not text:
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict):
-                    yield row
+class ConfigError(RunError, ValueError):
+    """Options that cannot work together (a usage error)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class OutputError(RunError):
+    """The output folder cannot be used (not writable, conflicting options)."""
+
+    exit_code = ExitCode.SETUP
+
+
+class ModelLoadError(RunError):
+    """The model cannot be loaded or used as asked (a startup error, one clear line)."""
+
+    exit_code = ExitCode.SETUP
+
+
+class ManifestError(RunError, ValueError):
+    """A manifest that cannot be read at all: a run-level error, never one row's failure."""
+
+    exit_code = ExitCode.SETUP
+
+
+class SubmitError(RunError):
+    """sbatch is missing or refused the script."""
+
+    exit_code = ExitCode.SETUP
+
+
+class LockBusy(RunError):
+    """Another live process holds this task's lock on OUT."""
+
+    exit_code = ExitCode.LOCKED
+
+
+class LockWaitInterrupted(Exception):
+    """A stop signal arrived while waiting for a task lock (--wait-lock); the run ends interrupted."""

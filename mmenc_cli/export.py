@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .outdir import OutDir, OutputError, fsync_dir
+from .errors import OutputError
+from .outdir import OutDir, fsync_dir
 
 MANIFEST = "manifest.jsonl"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -1,8 +1,10 @@
-"""Reading the error reports of many tasks: latest outcome per item, summaries, retry manifests.
+"""The error report: JSON lines under `OUT/_mmenc/errors/`, one file per task and worker.
 
-An item's latest outcome wins: an item that failed and was later encoded (it is in a committed
-shard) is resolved and no longer counted; an item that failed several times counts once, with
-its latest error. Lines that were never valid rows (modality null) are keyed by manifest+offset.
+Writing: `ErrorReportWriter` appends one `ErrorRecord` per failure and flushes it, so a kill loses
+none. Reading (`mmenc errors ...`): an item's latest outcome wins: an item that failed and was
+later encoded (it is in a committed shard) is resolved and no longer counted; an item that failed
+several times counts once, with its latest error. Lines that were never valid rows (modality null)
+are keyed by manifest+offset.
 """
 
 from __future__ import annotations
@@ -10,13 +12,103 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .errors import iter_error_records
+from .errors import MMError, trim_message
 from .idset import HashSet64, id_hash
 from .outdir import OutDir, iter_shard_keys
+from .readers import read_raw_row
+
+
+@dataclass(slots=True)
+class ErrorRecord:
+    """One row of the error report. `offset` is what `mmenc errors retry` uses to find the row."""
+
+    id: str | None
+    manifest: str | None
+    line: int | None
+    offset: int | None
+    modality: str | None
+    stage: str
+    code: int
+    reason: str
+    error: str
+    message: str
+    source: str | None = None
+    attempt: int = 1
+    time: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    task: int = 0
+    status: str = "failed"  # "failed", or "resolved" for a marker written when a retry succeeded
+
+    @classmethod
+    def from_error(cls, err: MMError, *, id: str | None, manifest: str | None, line: int | None,
+                   offset: int | None, modality: str | None, source: str | None = None,
+                   attempt: int = 1, task: int = 0) -> "ErrorRecord":
+        """Build a report row from an `MMError` and where the item came from."""
+        return cls(id=id, manifest=manifest, line=line, offset=offset, modality=modality,
+                   stage=err.stage, code=err.code, reason=err.reason, error=err.error,
+                   message=trim_message(err.message), source=source, attempt=attempt, task=task)
+
+    def to_json(self) -> str:
+        """One JSON line (no trailing newline)."""
+        return json.dumps(asdict(self))  # ASCII: lone surrogates round-trip
+
+
+class ErrorReportWriter:
+    """Append-only JSON-lines writer for one (task, worker). Flushes every row so a kill loses none."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(path, "a", encoding="utf-8")
+        self.count = 0
+
+    def write(self, record: ErrorRecord) -> None:
+        """Append one row and flush it to the OS."""
+        self._fh.write(record.to_json() + "\n")
+        self._fh.flush()
+        self.count += 1
+
+    def sync(self) -> None:
+        """fsync the report (at shard commits and at the end of the run)."""
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        """Flush, fsync and close."""
+        if not self._fh.closed:
+            self.sync()
+            self._fh.close()
+
+    def __enter__(self) -> "ErrorReportWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def iter_error_records(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+    """Read raw report rows from many report files; a torn last line (killed writer) is skipped."""
+    for path in paths:
+        try:
+            fh = open(path, encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        with fh:
+            for text in fh:
+                text = text.strip()
+                if not text:
+                    continue
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    yield row
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -85,8 +177,6 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Rebuild the original manifest rows of failed items: absolute image paths (inline bytes as
     data URIs), kept fields, and only the failed modalities' fields. Invalid lines are skipped."""
-    from .manifest import read_raw_row
-
     od = OutDir(out)
     cfg = (od.read_run_meta() or {}).get("config", {}).get("manifest", {})
     id_key, image_key, text_key = cfg.get("id_key", "id"), cfg.get("image_key", "image"), cfg.get("text_key", "text")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .config import ConfigError
+from .errors import ConfigError, SubmitError
 from .outdir import OutDir
 
 #: encode options that `mmenc slurm` sets itself (or that would break an array: --overwrite
@@ -48,10 +48,6 @@ _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 _MAX_SIGNAL_TIME = 65535  # Slurm's limit for --signal=...@sig_time
-
-
-class SubmitError(RuntimeError):
-    """sbatch is missing or refused the script: exit code 3."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from .idset import hash_many
-from .outdir import OutDir, OutputError, TaskLock, iter_shard_keys, parse_shard_name, read_json
+from .errors import OutputError
+from .locks import TaskLock
+from .outdir import OutDir, iter_shard_keys, parse_shard_name, read_json
 
 DONE = "done"
 MISSING = "missing"

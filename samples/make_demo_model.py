@@ -1,4 +1,4 @@
-"""Write `samples/demo-model/`: a tiny CLIP-architecture model with random weights, for trying mmenc offline.
+"""Write `mmenc_cli/demo_model/` (shipped in the package): a tiny CLIP-architecture model with random weights, for trying mmenc offline.
 
 The embeddings it produces are meaningless; it only lets the whole pipeline (images and texts,
 workers, batching, writers) run without downloading anything. Seeded, so every run writes the
@@ -19,8 +19,9 @@ This folder holds a **demo model for trying mmenc offline**. It has the CLIP arc
 digits and a few words) but its weights are **random** (seed 0): the embeddings it produces
 carry **no meaning** and must not be used for search, clustering or anything else.
 
-Use it to check an installation or a manifest end to end: pass `--model samples/demo-model`
-to mmenc. It loads on CPU in a second and needs no network.
+It ships inside the mmenc package and is what `mmenc encode` uses when no `--model` is given (with
+a warning). Use it to check an installation or a manifest end to end. It loads on CPU in a second
+and needs no network.
 
 Regenerate it with `python samples/make_demo_model.py` (deterministic: same seed, same weights).
 """
@@ -57,7 +58,7 @@ def build(out: Path) -> Path:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "demo-model"
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "mmenc_cli" / "demo_model"
     path = build(target)
     size = sum(f.stat().st_size for f in path.iterdir())
     print(f"wrote {path} ({size / 1e6:.1f} MB)")

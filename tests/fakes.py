@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from mmenc_cli.encoders.base import EncodeOutput, ImageInput
+from mmenc_cli.encoders.base import EncodeOutput, Encoder, ImageInput
 
 
 class FakeOOM(RuntimeError):
@@ -38,7 +38,7 @@ def _vec(data: bytes, dim: int) -> np.ndarray:
 
 
 @dataclass
-class FakeEncoder:
+class FakeEncoder(Encoder):
     """Encodes images and texts deterministically; records every batch it was given."""
 
     dim: int = 8
@@ -52,6 +52,7 @@ class FakeEncoder:
     drop_output: Callable[[str, Sequence[Any]], bool] | None = None  # return one output too few
     batches: list[tuple[str, int]] = field(default_factory=list)
     info: dict = field(default_factory=lambda: {"family": "fake", "revision": "fake-1"})
+    device: str = "cpu"
 
     def image_preprocessor(self) -> FakePreprocessor:
         return FakePreprocessor()

@@ -15,7 +15,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mmenc_cli import outdir, pipeline  # noqa: E402
+from mmenc_cli import outdir  # noqa: E402
+from mmenc_cli.run import pipeline  # noqa: E402
 
 where, _, n = os.environ.get("KILL_AT", "").partition(":")
 count = {"n": 0}
@@ -44,11 +45,13 @@ if where in ("before_rename", "after_rename"):
 
     outdir.OutDir.commit = commit  # type: ignore[method-assign]
 elif where == "mid_batch":
-    real_load = pipeline.EncodeRun._load_encoder
+    real_load = pipeline.EncodeRun.load_encoder
 
     def load(self):  # type: ignore[no-untyped-def]
-        real_load(self)
-        enc, real_encode = self.encoder, self.encoder.encode
+        if self.encoder is not None:
+            return self.encoder
+        enc = real_load(self)
+        real_encode = enc.encode
 
         def encode(modality, payloads):  # type: ignore[no-untyped-def]
             if nth():
@@ -56,8 +59,9 @@ elif where == "mid_batch":
             return real_encode(modality, payloads)
 
         enc.encode = encode
+        return enc
 
-    pipeline.EncodeRun._load_encoder = load  # type: ignore[method-assign]
+    pipeline.EncodeRun.load_encoder = load  # type: ignore[method-assign]
 elif where == "end":
     real_meta = pipeline.write_task_meta
 

@@ -1,4 +1,4 @@
-"""MMError, the reason table, classify, and the report reader."""
+"""MMError, the reason table, classify; the run-level errors and their exit codes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mmenc_cli.errors import (REASONS, ErrorRecord, ErrorReportWriter, MMError, classify, iter_error_records,
-                              trim_message)
+from mmenc_cli.errors import (REASONS, ConfigError, ExitCode, LockBusy, ManifestError, MMError, ModelLoadError,
+                              OutputError, RunError, SubmitError, classify, trim_message)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,13 +50,12 @@ def test_trim_message_one_line_and_bounded() -> None:
     assert len(trim_message("x" * 10_000)) == 500
 
 
-def test_report_is_append_only_and_torn_last_line_is_skipped(tmp_path: Path) -> None:
-    path = tmp_path / "errors.jsonl"
-    for i in range(2):
-        with ErrorReportWriter(path) as w:
-            w.write(ErrorRecord.from_error(MMError("m", reason="text.empty", stage="validate"), id=f"i{i}",
-                                           manifest="m.jsonl", line=i + 1, offset=i * 10, modality="text"))
-    with open(path, "a") as fh:
-        fh.write('{"id": "torn", "code"')  # a writer killed mid-line
-    rows = list(iter_error_records([path, tmp_path / "missing.jsonl"]))
-    assert [r["id"] for r in rows] == ["i0", "i1"] and rows[0]["code"] == 422
+@pytest.mark.parametrize("cls, code", [(ConfigError, 2), (OutputError, 3), (ModelLoadError, 3), (ManifestError, 3),
+                                       (SubmitError, 3), (LockBusy, 75), (RunError, 1)])
+def test_run_errors_carry_their_exit_code_across_processes(cls: type, code: int) -> None:
+    err = cls("it broke")
+    assert isinstance(err, RunError) and err.exit_code == code
+    back = pickle.loads(pickle.dumps(err))  # device workers send theirs to the parent
+    assert type(back) is cls and str(back) == "it broke" and back.exit_code == code
+    assert RunError("x", exit_code=ExitCode.SETUP).exit_code == 3
+    assert isinstance(ConfigError("x"), ValueError) and isinstance(ManifestError("x"), ValueError)

@@ -16,7 +16,7 @@ from PIL import Image
 
 from mmenc_cli.export import export_filename, export_vllm
 from mmenc_cli.outdir import OutDir, OutputError
-from mmenc_cli.pipeline import run_encode
+from mmenc_cli.run.pipeline import run_encode
 from tests import modelfactory_vl as mf
 from tests.conftest import write_jsonl
 from tests.test_tokens import make_cfg

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmenc_cli.outdir import OutDir, parse_shard_name, shard_name
-from mmenc_cli.pipeline import run_encode
+from mmenc_cli.run.pipeline import run_encode
 from mmenc_cli.reader import inspect_output, read_embeddings
 from tests.fakes import FakeEncoder, factory
-from tests.test_pipeline import make_cfg
+from tests.runs import make_cfg
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 from mmenc_cli.outdir import OutDir, parse_shard_name, read_json
 from tests.conftest import make_image, write_jsonl
 from tests.slurm_cluster import TERMINAL_STATES, job_states, require_slurm, run_sbatch, wait_for_job_states
-from tests.test_pipeline import embeddings
+from tests.runs import embeddings
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from mmenc_cli.pipeline import run_encode
+from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import make_image, write_jsonl
 from tests.fakes import FakeEncoder, factory
-from tests.test_pipeline import make_cfg
+from tests.runs import make_cfg
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers")

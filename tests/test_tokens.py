@@ -15,7 +15,7 @@ from mmenc_cli.config import BatchConfig, ManifestConfig, MediaConfig, ModelConf
 from mmenc_cli.encoders import load_encoder
 from mmenc_cli.errors import MMError
 from mmenc_cli.outdir import OutDir, OutputError
-from mmenc_cli.pipeline import run_encode
+from mmenc_cli.run.pipeline import run_encode
 from mmenc_cli.reader import inspect_output, iter_token_embeddings, read_embeddings, read_token_embedding
 from tests import modelfactory_vl as mf
 from tests.conftest import write_jsonl

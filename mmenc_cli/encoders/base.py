@@ -8,13 +8,17 @@ The pipeline never sees model internals. Per modality it needs:
   (texts, prefix already applied) and returns one float32 vector per payload (pooled modes) or
   one `[tokens, dim]` tensor per payload (`--pooling tokens`).
 
-`encode` is called on any sub-list of a batch: the batching stage bisects failed batches.
+`encode` is called on any sub-list of a batch: the batching stage bisects failed batches. Every
+capability the run uses is declared on `Encoder`, the base class all adapters derive from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from ..errors import MMError
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -53,8 +57,13 @@ class EncodeOutput:
     truncated: list[bool] = field(default_factory=list)
 
 
-class Encoder(Protocol):
-    """A loaded model adapter. Loaded once per run (per device)."""
+class Encoder(ABC):
+    """A loaded model adapter, loaded once per run (per device): what the run code may use.
+
+    Required: the attributes below, `image_preprocessor` (when images are offered) and `encode`.
+    Optional capabilities have defaults here that mean "not offered"; an adapter overrides the
+    ones it has. The run code calls nothing else.
+    """
 
     #: modalities this model can encode: a subset of {"image", "text"}
     modalities: frozenset[str]
@@ -65,12 +74,35 @@ class Encoder(Protocol):
     #: facts recorded in the run metadata: model id, resolved revision, family, pooling, max_length...
     info: dict[str, Any]
     #: "pooled" (one vector per item) or "tokens" (one [tokens, dim] tensor per item)
-    output_kind: str
+    output_kind: str = "pooled"
+    #: where the model runs: "cpu", "cuda", "cuda:1", "mps"
+    device: str = "cpu"
 
+    @abstractmethod
     def image_preprocessor(self) -> ImagePreprocessor:
-        """A picklable callable for worker processes."""
-        ...
+        """A picklable callable for worker processes (raise when images are not offered)."""
 
+    @abstractmethod
     def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
-        """Encode a non-empty list of payloads of one modality under `torch.inference_mode()`."""
-        ...
+        """Encode a non-empty list of payloads of one modality under `torch.inference_mode()`:
+        `ImageInput`s, or texts (strings, or what `text_pretokenizer` made of them)."""
+
+    def check_outputs(self, modality: str, payloads: Sequence[Any],
+                      vectors: Sequence["np.ndarray"]) -> list[MMError | None] | None:
+        """Per item, an error when its output breaks what preprocessing promised (e.g. a token
+        count); None when the adapter makes no such check."""
+        return None
+
+    def text_pretokenizer(self, other_thread: bool) -> Callable[[Sequence[str]], list[Any]] | None:
+        """A function tokenizing texts without padding, whose results `encode` takes in place of
+        the strings (the run sorts a window of texts by their token counts, so batches only pad);
+        for another thread than `encode`'s when `other_thread`. None: `encode` takes strings only."""
+        return None
+
+    def device_seconds(self) -> float | None:
+        """Seconds the accelerator spent in forward passes so far; None where not measured."""
+        return None
+
+    def forward_summary(self) -> dict[str, Any] | None:
+        """How the forward ran (the CPU path: streams, linears, probes), for the task metadata."""
+        return None

@@ -6,16 +6,9 @@ checkpoints) or `model.visual.*` tensors (checkpoints saved by transformers 4.5x
 the safetensors file(s) with `safe_open`; the language model's weights are never read. A model
 folder needs its config, weights and image processor; a tokenizer is not used.
 
-Images cross processes as uint8 patches (`QwenPatchPreprocessor`, torch-free, in the decode
-workers): RGB -> `smart_resize` (the processor's own rule) -> PIL resize -> patches laid out
-exactly as the processor flattens them, but before rescale/normalize and without the temporal
-copy. On the device a 3 x 256 lookup table (the processor's own float32 arithmetic) normalizes
-them and the temporal copy is a broadcast, so `pixel_values` equal the processor's bit for bit.
-Processors this module cannot reproduce fall back to running the processor in the worker
-(`QwenProcessorPreprocessor`, float32 patches).
-
-Per image the worker also records `meta`: `image_grid_thw` (t, h, w), `tokens` =
-t*h*w / merge_size^2, `orig_size` (w, h), `min_pixels`, `max_pixels`. The encoder checks that
+Images cross processes as uint8 patches with their grids (`qwen_vl_preprocess.py`). On the device
+a 3 x 256 lookup table (the processor's own float32 arithmetic) normalizes them and the temporal
+copy is a broadcast, so `pixel_values` equal the processor's bit for bit. The encoder checks that
 the tower produced exactly those tokens for every image (`check_outputs`: 500
 `encode.token_mismatch` "Encoder produced N tokens, but preprocessing expected M"), and raises
 inside `encode` when the grids do not match the images sent or the outputs do not match the
@@ -27,20 +20,18 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..errors import MMError
-from . import ModelLoadError, ModelProbe, fetch_file
-from .base import EncodeOutput, ImageInput
-from .images import normalization_table, to_rgb
+from ..errors import MMError, ModelLoadError
+from .base import EncodeOutput, Encoder, ImageInput
+from .device import resolve_dtype, to_device
+from .loading import ModelProbe, fetch_file, load_part
+from .qwen_vl_preprocess import plan_preprocessor
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from PIL import Image
 
     from ..config import ModelConfig
 
@@ -51,10 +42,11 @@ TOWERS: dict[str, tuple[str, str]] = {
     "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VisionTransformerPretrainedModel"),
     "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel"),
 }
+
+
 #: where checkpoints keep the vision tower: transformers 5 saves (and Qwen's originals) use `visual.`,
 #: transformers 4.5x saves `model.visual.`
 VISUAL_PREFIXES = ("visual.", "model.visual.")
-MAX_ASPECT = 200  # the processor refuses more extreme aspect ratios
 
 
 def token_mismatch(produced: int, expected: int) -> MMError:
@@ -67,143 +59,7 @@ def _images(n: int) -> str:
     return f"{n} image" if n == 1 else f"{n} images"
 
 
-# ------------------------------------------------------------------------------ preprocessing
-
-
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """(height, width) rounded to multiples of `factor` with the pixel count in [min, max]:
-    the same arithmetic as transformers' `qwen2_vl` `smart_resize`."""
-    if max(height, width) / min(height, width) > MAX_ASPECT:
-        raise ValueError(f"absolute aspect ratio must be smaller than {MAX_ASPECT}, "
-                         f"got {max(height, width) / min(height, width)}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def patchify(pixels: np.ndarray, patch: int, merge: int) -> np.ndarray:
-    """CHW pixels -> `[grid_h * grid_w, C * patch * patch]` in the processor's patch order
-    (merge windows contiguous), without its temporal copy."""
-    c, h, w = pixels.shape
-    gh, gw = h // patch, w // patch
-    x = pixels.reshape(c, gh // merge, merge, patch, gw // merge, merge, patch)
-    x = x.transpose(1, 4, 2, 5, 0, 3, 6)  # (gh/m, gw/m, m, m, C, p, p)
-    return np.ascontiguousarray(x.reshape(gh * gw, c * patch * patch))
-
-
-@dataclass(frozen=True)
-class QwenPatchPreprocessor:
-    """Worker side: RGB -> smart resize -> uint8 patches `[h*w, C*p*p]` + grid meta. Torch-free."""
-
-    patch_size: int
-    merge_size: int
-    temporal_patch_size: int
-    min_pixels: int
-    max_pixels: int
-    resample: int
-
-    def __call__(self, image: "Image.Image") -> ImageInput:
-        image = to_rgb(image)
-        width, height = image.size
-        try:
-            new_h, new_w = smart_resize(height, width, self.patch_size * self.merge_size,
-                                        self.min_pixels, self.max_pixels)
-        except ValueError as exc:  # the input's shape, not our failure
-            raise MMError(str(exc), stage="preprocess", reason="preprocess.unsupported_shape",
-                          error="ValueError") from None
-        if (new_h, new_w) != (height, width):
-            image = image.resize((new_w, new_h), resample=self.resample)
-        pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
-        patches = patchify(pixels, self.patch_size, self.merge_size)
-        grid = (1, new_h // self.patch_size, new_w // self.patch_size)
-        return ImageInput(patches, self.meta(grid, (width, height)))
-
-    def meta(self, grid: tuple[int, int, int], orig_size: tuple[int, int]) -> dict[str, Any]:
-        """The per-image facts the encoder checks and the writer indexes."""
-        t, h, w = grid
-        return {"image_grid_thw": (int(t), int(h), int(w)), "tokens": int(t * h * w) // self.merge_size ** 2,
-                "orig_size": (int(orig_size[0]), int(orig_size[1])),
-                "min_pixels": int(self.min_pixels), "max_pixels": int(self.max_pixels)}
-
-
-@dataclass(frozen=True)
-class QwenProcessorPreprocessor:
-    """Fallback: the model's own image processor in the worker; float32 patches `[h*w, C*T*p*p]`.
-
-    Unpickling it imports transformers (and torch) in the worker; used only for processors the
-    uint8 path cannot reproduce (subclasses, remote code, no resizing).
-    """
-
-    processor: Any
-    plan: QwenPatchPreprocessor
-
-    def __call__(self, image: "Image.Image") -> ImageInput:
-        out = self.processor(images=[image], return_tensors="np")
-        grids = np.asarray(out["image_grid_thw"]).reshape(-1, 3)
-        if len(grids) != 1:
-            raise MMError(f"the image processor produced {len(grids)} grids for one image",
-                          stage="preprocess", reason="preprocess.failed")
-        patches = np.asarray(out["pixel_values"], dtype=np.float32)
-        grid = (int(grids[0][0]), int(grids[0][1]), int(grids[0][2]))
-        return ImageInput(patches, self.plan.meta(grid, image.size))
-
-
-def plan_preprocessor(processor: Any, vision_config: Any) -> tuple[Any, np.ndarray | None]:
-    """The worker preprocessor for this image processor, and the normalization table (uint8 path).
-
-    Raises `ModelLoadError` when the processor's patching disagrees with the vision tower's.
-    """
-    size = getattr(processor, "size", None)
-    min_pixels = getattr(size, "shortest_edge", None) or getattr(size, "min_pixels", None)
-    max_pixels = getattr(size, "longest_edge", None) or getattr(size, "max_pixels", None)
-    patch = int(getattr(processor, "patch_size", 14))
-    merge = int(getattr(processor, "merge_size", 2))
-    temporal = int(getattr(processor, "temporal_patch_size", 2))
-    for name, ours in (("patch_size", patch), ("spatial_merge_size", merge), ("temporal_patch_size", temporal)):
-        theirs = getattr(vision_config, name, ours)
-        if int(theirs) != ours:
-            raise ModelLoadError(f"image processor {name} {ours} differs from the vision tower's {theirs}")
-    if not (min_pixels and max_pixels):
-        raise ModelLoadError("the image processor has no min/max pixels (size.shortest_edge/longest_edge)")
-    resample = 3 if processor.resample is None else int(processor.resample)  # Qwen's default: bicubic
-    plan = QwenPatchPreprocessor(patch, merge, temporal, int(min_pixels), int(max_pixels), resample)
-    if not _reproducible(processor):
-        log.info("%s: image processor not reproducible in workers; running it there (float32 patches)",
-                 type(processor).__name__)
-        return QwenProcessorPreprocessor(processor, plan), None
-    table = normalization_table(bool(processor.do_rescale), float(processor.rescale_factor or 1.0),
-                                bool(processor.do_normalize), processor.image_mean, processor.image_std)
-    return plan, table
-
-
-def _reproducible(processor: Any) -> bool:
-    """True for transformers' own PIL Qwen2-VL processor, unmodified, resizing and converting to RGB."""
-    try:
-        from transformers.image_processing_backends import PilBackend
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as Ref
-    except ImportError:  # pragma: no cover - other transformers layouts
-        return False
-    cls = type(processor)
-    same = all(getattr(cls, m, None) is getattr(Ref, m, None) for m in
-               ("preprocess", "_preprocess", "resize", "patchify", "rescale", "normalize", "convert_to_rgb",
-                "process_image", "_standardize_kwargs"))
-    mean = np.asarray(getattr(processor, "image_mean", 0.0) or 0.0)
-    return (isinstance(processor, PilBackend) and same and bool(processor.do_resize)
-            and getattr(processor, "do_convert_rgb", True) is not False and mean.size in (1, 3))
-
-
-# ------------------------------------------------------------------------------------ encoder
-
-
-class QwenVLEncoder:
+class QwenVLEncoder(Encoder):
     """A Qwen2-VL / Qwen2.5-VL vision tower behind the `Encoder` protocol (images only).
 
     `pooling="tokens"`: `output_kind` "tokens", one float32 `[tokens_i, dim]` tensor per image.
@@ -314,8 +170,6 @@ class QwenVLEncoder:
         """The batch's `pixel_values` `[sum(t*h*w), C*T*p*p]` (model dtype) and `grid_thw` `[n, 3]`."""
         import torch
 
-        from .device import to_device
-
         grids = [p.meta["image_grid_thw"] for p in payloads]
         flat = np.concatenate([p.pixels for p in payloads]) if payloads else np.zeros((0, 0), np.uint8)
         pixels = to_device(torch.from_numpy(flat), self.device)
@@ -365,9 +219,6 @@ class QwenVLEncoder:
         if errors[0] is not None:
             raise ModelLoadError(f"{self.info['model']}: test image: {errors[0].message}")
         return self.dim
-
-
-# ------------------------------------------------------------------------------------ loading
 
 
 def _weight_files(probe: ModelProbe, cfg: "ModelConfig") -> list[str]:
@@ -455,9 +306,6 @@ def load_vision_tower(probe: ModelProbe, cfg: "ModelConfig", dtype: "torch.dtype
 
 def load(probe: ModelProbe, cfg: "ModelConfig", device: str) -> QwenVLEncoder:
     """Family loader: the vision tower only, in `--dtype` on `device`, plus the image processor."""
-    from .device import resolve_dtype
-    from .hf import load_part
-
     processor, why = load_part("image", probe, cfg)
     if processor is None:
         raise ModelLoadError(f"{probe.source}: {why}")

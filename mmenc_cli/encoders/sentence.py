@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import ModelLoadError, ModelProbe, fetch_file
-from .hf import HFEncoder, Inputs, keep_accepted, load_model, load_part, text_limit
+from ..errors import ModelLoadError
 from .device import resolve_dtype
+from .hf import HFEncoder, Inputs, keep_accepted
+from .loading import ModelProbe, fetch_file, load_model, load_part, text_limit
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -96,6 +97,7 @@ class SentenceEncoder(HFEncoder):
     """A sentence-transformers text model: transformer token embeddings -> ST pooling (float32)."""
 
     family = "sentence-transformers"
+    towers = frozenset({"text"})
 
     def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, model: Any, *,
                  modes: tuple[str, ...], **kwargs: Any) -> None:

@@ -1,16 +1,13 @@
-"""The shipped demo model (samples/demo-model) loads offline, encodes both modalities, is labelled."""
+"""The demo model shipped in the package (mmenc_cli/demo_model) loads offline, encodes both modalities, is labelled."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from PIL import Image
 
 from tests import modelfactory as mf  # noqa: F401  (sets HF_HUB_OFFLINE)
 from mmenc_cli.config import ModelConfig
+from mmenc_cli.cli.encode import DEMO_MODEL as DEMO
 from mmenc_cli.encoders import load_encoder
-
-DEMO = Path(__file__).resolve().parents[2] / "samples" / "demo-model"
 
 
 def test_demo_model_is_small_labelled_and_works() -> None:

@@ -140,11 +140,11 @@ def test_pipeline_buckets_by_tokens_and_matches_direct_encoding(tmp_path: Path,
     encode of the string; truncated texts are counted."""
     import json
 
-    from mmenc_cli import pipeline
     from mmenc_cli.config import BatchConfig, RunConfig, WriterConfig
     from mmenc_cli.reader import read_embeddings
+    from mmenc_cli.run import pipeline, texts as run_texts
 
-    monkeypatch.setattr(pipeline, "TEXT_WINDOW", 16)
+    monkeypatch.setattr(run_texts, "TEXT_WINDOW", 16)
     path = mf.make_tiny_st(tmp_path / "tiny")
     words = ["the", "red", "car", "is", "on", "a", "blue", "dog", "and", "cat"]
     texts = {f"t{i}": " ".join(words[(i * 3 + j) % 10] for j in range(1 + (i * 7) % 40)) for i in range(45)}
@@ -179,13 +179,13 @@ def test_texts_tokenized_ahead_on_a_thread_give_the_same_vectors(tmp_path: Path,
     import json
     import threading
 
-    from mmenc_cli import pipeline
     from mmenc_cli.config import BatchConfig, RunConfig, WriterConfig
     from mmenc_cli.encoders import hf
     from mmenc_cli.reader import read_embeddings
+    from mmenc_cli.run import pipeline, texts as run_texts
 
-    assert not pipeline.tokenize_ahead("cpu") and pipeline.tokenize_ahead("cuda:0")
-    monkeypatch.setattr(pipeline, "TEXT_WINDOW", 16)
+    assert not run_texts.tokenize_ahead("cpu") and run_texts.tokenize_ahead("cuda:0")
+    monkeypatch.setattr(run_texts, "TEXT_WINDOW", 16)
     path = mf.make_tiny_st(tmp_path / "tiny")
     words = ["the", "red", "car", "is", "on", "a", "blue", "dog", "and", "cat"]
     texts = {f"t{i}": " ".join(words[(i * 3 + j) % 10] for j in range(1 + (i * 7) % 40)) for i in range(83)}

@@ -1,0 +1,180 @@
+"""`mmenc encode`: options -> one `RunConfig` -> `run_encode` -> a summary and an exit code."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Any, List, Optional
+
+import typer
+
+from ..errors import ExitCode
+from .exits import fail, fatal_errors
+from .options import DeviceOpt, ModelOpt, OutOpt, TaskCountOpt, TaskIndexOpt
+from .render import Progress, echo_err, setup_logging, summary_lines
+
+log = logging.getLogger("mmenc")
+
+#: the demo model shipped inside the package (random weights), used when no --model is given
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "demo_model"
+
+
+def default_model() -> str:
+    """The model when none is given: $MMENC_DEFAULT_MODEL, else the bundled demo model."""
+    env = os.environ.get("MMENC_DEFAULT_MODEL")
+    if env:
+        return env
+    if (DEMO_MODEL / "config.json").is_file():
+        return str(DEMO_MODEL)
+    raise fail(f"no --model given and the bundled demo model ({DEMO_MODEL}) is missing from this install",
+               ExitCode.USAGE)
+
+
+def task_from_env(index: int | None, count: int | None) -> tuple[int, int]:
+    """Task index and count from the options, else from Slurm's array variables, else (0, 1)."""
+    env = os.environ
+    if count is None:
+        count = int(env["SLURM_ARRAY_TASK_COUNT"]) if env.get("SLURM_ARRAY_TASK_COUNT") else 1
+    if index is None:
+        if env.get("SLURM_ARRAY_TASK_ID"):
+            index = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN") or 0)
+        else:
+            index = 0
+    return index, count
+
+
+class Signals:
+    """Turn SIGINT/SIGTERM into a stop request; the run commits whole shards and exits 130/143."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "Signals":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.signum = signum
+        log.warning("received %s: finishing the current batch, committing whole shards, then exiting",
+                    signal.Signals(signum).name)
+        self.stop.set()
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def build_config(o: dict[str, Any]) -> Any:
+    """The `RunConfig` of the encode options `o` (the command's parameters by name)."""
+    from ..config import (BatchConfig, ConfigError, ManifestConfig, MediaConfig, ModelConfig, RunConfig,
+                          WriterConfig)
+
+    for m in o["manifests"]:
+        if not m.exists():
+            raise ConfigError(f"manifest {m} does not exist")
+    if o["progress"] not in ("auto", "bar", "log", "none"):
+        raise ConfigError("--progress must be auto, bar, log or none")
+    mods = tuple(m.strip() for m in o["modality"].split(",") if m.strip()) if o["modality"] else None
+    index, count = task_from_env(o["task_index"], o["task_count"])
+    pick = lambda *names: {n: o[n] for n in names}  # noqa: E731
+    return RunConfig(
+        manifests=tuple(str(m) for m in o["manifests"]),
+        model=ModelConfig(**pick("model", "revision", "pooling", "device", "dtype", "normalize", "text_prefix",
+                                 "max_length", "trust_remote_code", "allow_pickle_weights", "compile", "cpu_forward")),
+        writer=WriterConfig(out=str(o["out"]), **pick("format", "out_dtype", "shard_size")),
+        manifest=ManifestConfig(keep=tuple(o["keep"] or ()), **pick("id_key", "image_key", "text_key", "limit",
+                                                                      "csv_multiline")),
+        media=MediaConfig(**pick("max_image_pixels", "max_file_bytes", "fetch_timeout", "fetch_retries")),
+        batch=BatchConfig(**pick("batch_size", "max_batch_tokens", "workers")),
+        modalities=mods, task_index=index, task_count=count,
+        **pick("max_errors", "max_error_rate", "fail_fast", "overwrite", "wait_lock"))
+
+
+def finish(result: Any, signum: int | None, json_out: bool, verbose: bool) -> None:
+    """Print the summary (and the --json result) and exit with the run's code."""
+    code = ExitCode.OK
+    if signum is not None:
+        code = 128 + signum
+    elif not result.counters.balanced:
+        code = ExitCode.INTERNAL  # an item neither encoded, failed nor left for a re-run: our bug
+    elif result.state == "stopped" or result.threshold_exceeded:
+        code = ExitCode.THRESHOLD
+    echo_err("\n".join(summary_lines(result, verbose)))
+    if json_out:
+        typer.echo(json.dumps({**result.to_dict(), "exit_code": int(code)}, ensure_ascii=False))
+    if code:
+        raise typer.Exit(int(code))
+
+
+def encode(
+    manifests: Annotated[List[Path], typer.Argument(help="JSONL, Parquet or CSV manifests.", show_default=False)],
+    out: OutOpt,
+    model: ModelOpt = None,
+    revision: Annotated[Optional[str], typer.Option(help="Model revision (hub branch, tag or commit).")] = None,
+    modality: Annotated[Optional[str], typer.Option(help="image, text or image,text (default: all the model supports).")] = None,
+    id_key: Annotated[str, typer.Option(help="Manifest key of the id.")] = "id",
+    image_key: Annotated[str, typer.Option(help="Manifest key of the image.")] = "image",
+    text_key: Annotated[str, typer.Option(help="Manifest key of the text.")] = "text",
+    keep: Annotated[Optional[List[str]], typer.Option(help="Copy this manifest field onto every output row (repeatable).")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Encode only the first N rows (of this task's slice).")] = None,
+    csv_multiline: Annotated[bool, typer.Option("--csv-multiline", help="CSV quoted fields span lines: split tasks by parsing from the top (exact, slower).")] = False,
+    text_prefix: Annotated[str, typer.Option(help='Prepended to every text, e.g. "query: ".')] = "",
+    max_length: Annotated[Optional[int], typer.Option(help="Cap on text tokens (default: the model's limit).")] = None,
+    pooling: Annotated[str, typer.Option(help="auto, cls, mean or tokens.")] = "auto",
+    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalize vectors (default: the model's convention; recorded).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Items per micro-batch.")] = 32,
+    max_batch_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch (token-level models).")] = None,
+    device: DeviceOpt = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, float16, bfloat16 (auto: bf16/fp16 on CUDA, fp32 on CPU).")] = "auto",
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (falls back to eager if unsupported).")] = False,
+    cpu_forward: Annotated[str, typer.Option(help="CPU forward: auto (oneDNN's or PyTorch's linears, whichever the run's own batches find faster; two batch streams), plain (PyTorch's own forward, one stream), onednn (oneDNN's linears pinned).")] = "auto",
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow model code from the hub.")] = False,
+    allow_pickle_weights: Annotated[bool, typer.Option("--allow-pickle-weights", help="Allow .bin (pickle) weights; default safetensors only.")] = False,
+    workers: Annotated[Optional[int], typer.Option(help="Decode worker processes (default: CPUs - 1, at most 8; 0 = in-process).")] = None,
+    format: Annotated[str, typer.Option("--format", help="parquet or safetensors.")] = "parquet",
+    out_dtype: Annotated[Optional[str], typer.Option(help="float32 (default for vectors), float16, bfloat16 (safetensors).")] = None,
+    shard_size: Annotated[int, typer.Option(help="Rows per shard.")] = 10_000,
+    max_image_pixels: Annotated[int, typer.Option(help="Larger images fail with 413.")] = 89_478_485,
+    max_file_bytes: Annotated[int, typer.Option(help="Larger files fail with 413.")] = 64 * 1024 * 1024,
+    fetch_timeout: Annotated[float, typer.Option(help="Seconds per HTTP attempt.")] = 20.0,
+    fetch_retries: Annotated[int, typer.Option(help="HTTP retries with back-off.")] = 3,
+    max_errors: Annotated[Optional[int], typer.Option(help="Exit 4 when more items fail.")] = None,
+    max_error_rate: Annotated[Optional[float], typer.Option(help="Exit 4 when a larger share fails (0..1).")] = None,
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failed item (exit 4).")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Delete the existing output and start over.")] = False,
+    wait_lock: Annotated[bool, typer.Option("--wait-lock", help="Wait for a running run of this task instead of exiting 75.")] = False,
+    task_index: TaskIndexOpt = None,
+    task_count: TaskCountOpt = None,
+    progress: Annotated[str, typer.Option(help="auto (bar on a terminal, log lines otherwise), bar, log, none.")] = "auto",
+    log_every: Annotated[float, typer.Option(help="Seconds between progress log lines when not on a terminal.")] = 30.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Also print the run's result as one JSON object on stdout.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug log lines and seconds per stage.")] = False,
+) -> None:
+    """Encode manifests into embedding shards in OUT; failed items go to OUT/_mmenc/errors."""
+    options = dict(locals())
+    setup_logging(verbose)
+    with fatal_errors():
+        if model is None:
+            options["model"] = default_model()
+            log.warning("no --model: using the bundled DEMO model %s (random weights, meaningless embeddings)",
+                        options["model"])
+        cfg = build_config(options)
+        from ..run.pipeline import run_encode  # torch and transformers load only when encoding
+
+        stop = threading.Event()
+        bar = Progress(progress, log_every)
+        with Signals(stop) as sigs:
+            try:
+                result = run_encode(cfg, progress=bar, stop=stop)
+            finally:
+                bar.close()
+    finish(result, sigs.signum, json_out, verbose)

@@ -1,0 +1,77 @@
+"""`mmenc errors summary|list|retry OUT`: inspect the error reports of all tasks, build a retry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from .exits import fatal_errors
+from .options import JsonOpt, OutArg
+from .render import echo_err, error_line, print_error_summary
+
+errors_app = typer.Typer(no_args_is_help=True, help="Inspect failed items and turn them into a retry manifest.")
+
+CodeOpt = Annotated[Optional[List[int]], typer.Option("--code", help="Only this HTTP-style code (repeatable).")]
+ReasonOpt = Annotated[Optional[List[str]], typer.Option("--reason", help="Only this reason slug (repeatable).")]
+StageOpt = Annotated[Optional[List[str]], typer.Option("--stage", help="Only this stage (repeatable).")]
+ModalityOpt = Annotated[Optional[List[str]], typer.Option("--modality", help="image, text or none (repeatable).")]
+GrepOpt = Annotated[Optional[str], typer.Option("--grep", help="Only rows containing this text (case-insensitive).")]
+
+
+def _rows(out: Path, code, reason, stage, modality, grep) -> list[dict]:
+    from ..errors import OutputError
+    from ..report import filter_errors, latest_errors
+
+    with fatal_errors():
+        if not out.is_dir():
+            raise OutputError(f"{out}: no such output folder")
+        return filter_errors(latest_errors(out), code, reason, stage, modality, grep)
+
+
+@errors_app.command()
+def summary(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason: ReasonOpt = None,
+            stage: StageOpt = None, modality: ModalityOpt = None, grep: GrepOpt = None) -> None:
+    """A table of current failures by code, reason, stage and modality, with an example each."""
+    from ..report import summarize
+
+    s = summarize(_rows(out, code, reason, stage, modality, grep))
+    if json_out:
+        typer.echo(json.dumps(s, indent=2))
+    else:
+        print_error_summary(str(out), s)
+
+
+@errors_app.command("list")
+def list_(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason: ReasonOpt = None,
+          stage: StageOpt = None, modality: ModalityOpt = None, grep: GrepOpt = None) -> None:
+    """The current failures, one per item (--json: JSON lines)."""
+    rows = _rows(out, code, reason, stage, modality, grep)
+    for r in rows:
+        typer.echo(json.dumps(r, ensure_ascii=False) if json_out else error_line(r))
+
+
+@errors_app.command()
+def retry(out: OutArg, output: Annotated[Path, typer.Option("--output", "-o", help="Retry manifest to write (JSONL).")],
+          code: CodeOpt = None, reason: ReasonOpt = None, stage: StageOpt = None, modality: ModalityOpt = None,
+          grep: GrepOpt = None) -> None:
+    """Write the original rows of the failed items (failed modalities only) as a JSONL manifest.
+
+    Then `mmenc encode RETRY.jsonl --out OUT` (same options) encodes what now succeeds into OUT.
+    """
+    from ..report import retry_rows
+
+    rows = _rows(out, code, reason, stage, modality, grep)
+    skipped = sum(1 for r in rows if r.get("modality") is None)
+    n = 0
+    with fatal_errors():
+        tmp = output.with_name(f".{output.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for row in retry_rows(out, rows):
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                n += 1
+        tmp.replace(output)
+    echo_err(f"mmenc: wrote {n} rows to {output}"
+             + (f"; {skipped} invalid manifest lines cannot be retried (fix the manifest)" if skipped else ""))

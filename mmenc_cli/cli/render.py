@@ -1,0 +1,202 @@
+"""Human output: the encode summary, progress, and the tables of `inspect`, `errors` and `status`.
+
+The only place that formats for people. Summaries and logs go to stderr; tables that are a
+command's result go to stdout (and `--json` replaces them with one JSON document).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..reader import InspectReport
+    from ..run.counters import Counters, RunResult
+    from ..status import StatusReport
+
+log = logging.getLogger("mmenc")
+
+#: what each failure code means, in the summary's words
+CODE_WORDS = {400: "bad input", 403: "forbidden", 404: "not found", 409: "duplicate id", 413: "too large",
+              415: "unsupported", 422: "unusable input", 500: "failed in mmenc", 503: "unavailable",
+              504: "timed out", 507: "out of memory"}
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Log lines on stderr; DEBUG with --verbose."""
+    if log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s mmenc %(levelname)s: %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    log.propagate = False
+
+
+def _some(*parts: tuple[int, str]) -> str:
+    """', '-joined "N what" for the non-zero counts."""
+    return ", ".join(f"{n} {what}" for n, what in parts if n)
+
+
+def summary_lines(result: "RunResult", verbose: bool = False) -> list[str]:
+    """The end-of-run summary: what happened at a glance; zeros left out."""
+    c = result.counters
+    failed_items = sum(m.failed_total for m in c.modalities.values())
+    done = f"{result.state} after " if result.state != "done" else ""
+    head = _some((c.encoded_now, "items encoded"), (failed_items, "failed"), (c.skipped, "skipped"),
+                 (c.invalid, "invalid lines")) or "nothing to do"
+    lines = [f"mmenc: {done}{c.rows} rows -> {result.out} in {result.elapsed:.1f} s: {head}"]
+    for name, m in sorted(c.modalities.items()):
+        truncated = f" ({m.truncated} truncated)" if m.truncated else ""
+        parts = _some((m.failed_total, "failed"), (m.encoded_before, "encoded earlier"),
+                      (m.failed_before, "failed earlier, not retried"), (m.not_attempted, "not attempted"))
+        lines.append(f"  {name:5s}  {m.encoded} encoded{truncated}" + (f", {parts}" if parts else ""))
+    lines += _failure_lines(c, result.out)
+    if c.not_attempted:
+        lines.append(f"  {c.not_attempted} items not attempted: re-run the same command to finish them")
+    if not result.model_loaded and c.requested:
+        lines.append("  nothing new to encode: the model was not loaded")
+    if result.threshold_exceeded:
+        lines.append(f"  error threshold exceeded: {result.threshold_exceeded}")
+    if not c.balanced:
+        lines.append(f"  ACCOUNTING ERROR: requested {c.requested} + invalid {c.invalid + c.invalid_before} != "
+                     f"encoded {c.encoded} + failed {c.failed} + not attempted {c.not_attempted}")
+    if verbose:
+        lines.append(_seconds_line(result))
+    return lines
+
+
+def _failure_lines(c: "Counters", out: str) -> list[str]:
+    """A line per failure code (items and invalid lines of this run), then where to look."""
+    codes: dict[int, int] = {}
+    for m in c.modalities.values():
+        for code, n in m.failed.items():
+            codes[code] = codes.get(code, 0) + n
+    lines = [f"  {code} {CODE_WORDS.get(code, 'failed')}: {n}" for code, n in sorted(codes.items())]
+    if c.invalid:
+        lines.append(f"  invalid manifest lines: {c.invalid}")
+    if c.invalid_before:
+        lines.append(f"  invalid manifest lines earlier: {c.invalid_before}")
+    if lines:
+        lines.append(f"  see: mmenc errors summary {out}")
+    return lines
+
+
+def _seconds_line(result: "RunResult") -> str:
+    """Throughput (the model load left out) and seconds per stage."""
+    c = result.counters
+    secs = c.seconds
+    loop = max(1e-9, result.elapsed - secs.get("load", 0.0))
+    return (f"  {c.encoded_now / loop:.1f} items/s without the model load; seconds: model load {secs.get('load', 0):.2f}, "
+            f"read {secs.get('read', 0):.2f}, decode {secs.get('decode', 0):.2f} (worker time), "
+            f"tokenize {secs.get('tokenize', 0):.2f}, encode {secs.get('encode', 0):.2f}, write {secs.get('write', 0):.2f}")
+
+
+class Progress:
+    """A rich progress line on a terminal; plain log lines every `every` seconds otherwise.
+    The rate leaves out the model load."""
+
+    def __init__(self, mode: str, every: float) -> None:
+        self.tty = sys.stderr.isatty() if mode == "auto" else mode == "bar"
+        self.enabled = mode != "none"
+        self.every = every
+        self.t0 = time.monotonic()
+        self.last = self.t0
+        self.bar: Any = None
+
+    def __call__(self, counters: "Counters") -> None:
+        if not self.enabled:
+            return
+        done, failed = counters.encoded_now, counters.failed_now
+        rate = done / max(1e-9, time.monotonic() - self.t0 - counters.seconds.get("load", 0.0))
+        if self.tty:
+            if self.bar is None:
+                from rich.progress import Progress as Bar
+                from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+                self.bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task("")
+            self.bar.update(self.task, description=f"rows {counters.rows}  encoded {done}  failed {failed}  {rate:.1f} items/s")
+        elif time.monotonic() - self.last >= self.every:
+            self.last = time.monotonic()
+            log.info("progress: rows %d, encoded %d, failed %d, %.1f items/s", counters.rows, done, failed, rate)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def print_inspect(out: str, report: "InspectReport") -> None:
+    """`mmenc inspect`'s table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(stderr=False)
+    con.print(f"[bold]{out}[/]: {report.embeddings} embeddings "
+              + ", ".join(f"{k} {v}" for k, v in sorted(report.by_modality.items())))
+    con.print(f"model {report.model} (revision {report.revision}), dim {report.dim}, "
+              f"dtype {report.dtype}, format {report.format}")
+    table = Table("shard", "rows", "ok")
+    for s in report.shards:
+        table.add_row(s["name"], str(s["rows"]), "yes" if s["ok"] else f"NO: {s.get('error')}")
+    con.print(table)
+
+
+def print_error_summary(out: str, s: dict[str, Any]) -> None:
+    """`mmenc errors summary`'s table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("code", "reason", "stage", "modality", "count", "example", title=f"{s['errors']} failed items in {out}")
+    for g in s["groups"]:
+        table.add_row(str(g["code"]), str(g["reason"]), str(g["stage"]), str(g["modality"] or "-"), str(g["count"]),
+                      f"{g['example_id']}: {g['example']}"[:120])
+    Console().print(table)
+
+
+def error_line(r: dict[str, Any]) -> str:
+    """One failure of `mmenc errors list`, in a line."""
+    where = f"{r.get('manifest')}:{r.get('line') or '@' + str(r.get('offset'))}"
+    return (f"{r.get('code')} {r.get('reason')} [{r.get('stage')}/{r.get('modality') or '-'}] "
+            f"{r.get('id')} {where}: {r.get('message')}")
+
+
+def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
+    """`mmenc status`'s table on stdout, then duplicates and the re-run hint."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console()
+    table = Table(title=f"{escape(r.out)}: {r.task_count} tasks", title_justify="left", box=None, padding=(0, 1),
+                  pad_edge=False)
+    for name in ("task", "state", "encoded", "errors", "re-run", "updated"):
+        table.add_column(name, no_wrap=True, justify="right" if name in ("task", "encoded", "errors") else "left")
+    for name in ("host", "note"):
+        table.add_column(name, overflow="fold", min_width=6)
+    for t in r.tasks:
+        state = "crashed" if t.state == "running" and not t.running else t.state
+        style = "green" if state == "done" and not t.needs_rerun else ("yellow" if t.running else "red")
+        updated = (t.updated or "")[5:19].replace("T", " ")  # MM-DD HH:MM:SS
+        table.add_row(str(t.task), f"[{style}]{state}[/]", str(t.encoded), str(t.errors),
+                      "[red]yes[/]" if t.needs_rerun else "", updated, escape(t.host or ""), escape(t.reason or ""))
+    con.print(table)
+    d = r.duplicates
+    if d.count or d.within_task:
+        ex = ", ".join(f"{e['id']!r}/{e['modality']} in tasks {e['tasks']}" for e in d.examples)
+        con.print(f"[red]duplicates[/]: {d.count} (id, modality) pairs in several tasks, {d.within_task} repeated "
+                  f"within a task" + (f"; e.g. {escape(ex)}" if ex else ""), soft_wrap=True)
+    if r.all_done:
+        con.print("[green]all tasks done[/]")
+    if rerun_hint:
+        con.print(escape(rerun_hint), soft_wrap=True)
+
+
+def echo_err(text: str) -> None:
+    """One or more lines on stderr."""
+    typer.echo(text, err=True)

@@ -1,0 +1,154 @@
+"""`mmenc slurm`: write, and optionally submit, an sbatch array script that runs `mmenc encode`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+from typer.core import TyperCommand
+
+from ..errors import ConfigError, ExitCode, OutputError, SubmitError
+from .encode import default_model
+from .exits import fail, fatal_errors
+from .options import ModelOpt, OutOpt
+from .render import echo_err
+
+_ENCODE_ARGS = "mmenc.encode_args"
+
+
+class EncodeArgsCommand(TyperCommand):
+    """Everything after `--` is kept verbatim as `mmenc encode` options (click would take it as
+    more MANIFEST arguments)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta[_ENCODE_ARGS] = args[cut + 1:]
+            args = args[:cut]
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:
+            if type(exc).__name__ == "NoSuchOption" and isinstance(getattr(exc, "message", None), str):
+                exc.message += " (mmenc encode options go after --, e.g. -- --batch-size 64)"
+            raise
+
+
+def _check_encode_args(ctx: typer.Context, argv: list[str]) -> None:
+    """Parse the encode command line now, so a typo fails here and not in every array task."""
+    group = ctx.parent.command if ctx.parent is not None else None
+    get_command = getattr(group, "get_command", None)
+    encode = get_command(ctx.parent, "encode") if get_command else None
+    if encode is None:
+        return
+    try:
+        encode.make_context("encode", list(argv), parent=ctx.parent)
+    except typer.Exit:  # -- --help printed encode's help
+        raise
+    except Exception as exc:
+        if not hasattr(exc, "format_message"):  # the parser's usage errors have it
+            raise
+        raise fail(f"encode options after --: {exc.format_message()}", ExitCode.USAGE) from None
+
+
+def _job_name(out: Path) -> str:
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in out.name)[:40]
+    return f"mmenc-{name}" if name else "mmenc"
+
+
+def slurm(
+    ctx: typer.Context,
+    manifests: Annotated[List[Path], typer.Argument(help="JSONL, Parquet or CSV manifests (made absolute).",
+                                                    show_default=False)],
+    out: OutOpt,
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Array tasks: the input is split into N slices "
+                                       "(--array=0-(N-1)).", show_default=False)],
+    model: ModelOpt = None,
+    partition: Annotated[Optional[str], typer.Option(help="Slurm partition (default: the cluster's).")] = None,
+    time_limit: Annotated[Optional[str], typer.Option("--time", help="Time limit per task, e.g. 04:00:00 or "
+                                                      "1-00:00:00 (default: the partition's).")] = None,
+    gpus_per_task: Annotated[int, typer.Option(min=0, help="GPUs per task (0 on CPU clusters; sites that want "
+                                               "--gres: 0 here and --sbatch-arg=--gres=gpu:1).")] = 1,
+    cpus_per_task: Annotated[int, typer.Option(min=1, help="CPUs per task (decode workers use them).")] = 8,
+    mem: Annotated[Optional[str], typer.Option(help="Memory per task, e.g. 32G (default: the cluster's).")] = None,
+    signal_before: Annotated[int, typer.Option(min=0, help="Seconds before the time limit Slurm sends SIGTERM to "
+                                               "mmenc (#SBATCH --signal=B:TERM@N): it commits whole shards and exits "
+                                               "143, resumable. 0: none.")] = 120,
+    requeue: Annotated[bool, typer.Option("--requeue/--no-requeue", help="Let Slurm requeue preempted or "
+                                          "node-failed tasks (safe: every run resumes).")] = True,
+    logs: Annotated[Optional[Path], typer.Option(help="Folder of the task logs, DIR/%A_%a.out "
+                                                 "[default: OUT/_mmenc/logs].", show_default=False)] = None,
+    job_name: Annotated[Optional[str], typer.Option(help="Job name [default: mmenc-<OUT name>].",
+                                                    show_default=False)] = None,
+    script: Annotated[Optional[Path], typer.Option(help="Where to write the script; - prints it "
+                                                   "[default: OUT/_mmenc/slurm/encode-<time>.sbatch].",
+                                                   show_default=False)] = None,
+    do_submit: Annotated[bool, typer.Option("--submit", help="Submit with sbatch and print the job id "
+                                            "(only the id, on stdout).")] = False,
+    sbatch_arg: Annotated[Optional[List[str]], typer.Option(help="Extra #SBATCH option as --opt=value "
+                                                            "(repeatable), e.g. --sbatch-arg=--account=abc.")] = None,
+    python: Annotated[Optional[str], typer.Option(help="Python that runs mmenc in the job [default: this one, "
+                                                  "so the job uses the same environment].",
+                                                  show_default=False)] = None,
+) -> None:
+    """Write an sbatch array script that runs `mmenc encode` as N tasks over one output; --submit submits it.
+
+    Encode options go after `--`, e.g.: mmenc slurm m.jsonl --out OUT --model M --tasks 4 -- --batch-size 64.
+    Without --submit the script's path is printed on stdout. Re-run unfinished tasks (`mmenc status OUT`
+    lists them) with `sbatch --array=1,3 SCRIPT`: every task resumes where it stopped.
+    Exit codes: 0 ok, 2 usage error, 3 output not writable or sbatch missing or failing.
+    """
+    from ..slurm import SlurmOptions, build_sbatch_script, default_logs_dir, default_script_path, submit, write_script
+
+    encode_args = list(ctx.meta.get(_ENCODE_ARGS, []))
+    with fatal_errors():
+        if model is None:
+            model = default_model()
+            echo_err(f"mmenc: warning: no --model: the job uses the bundled DEMO model {model}")
+        if Path(model).expanduser().exists():
+            model = os.path.abspath(Path(model).expanduser())
+        for m in manifests:
+            if not m.exists():
+                raise ConfigError(f"manifest {m} does not exist")
+        out_abs = Path(os.path.abspath(out.expanduser()))
+        logs_dir = Path(os.path.abspath(logs.expanduser())) if logs else default_logs_dir(out_abs)
+        opts = SlurmOptions(
+            manifests=tuple(os.path.abspath(m) for m in manifests), out=str(out_abs), model=model, tasks=tasks,
+            python=python or sys.executable, logs=str(logs_dir), job_name=job_name or _job_name(out_abs),
+            partition=partition, time=time_limit, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task,
+            mem=mem, signal_before=signal_before, requeue=requeue, sbatch_args=tuple(sbatch_arg or ()),
+            encode_args=tuple(encode_args), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        _check_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
+                                 "--task-count", str(tasks), "--task-index", "0", *encode_args])
+        text = build_sbatch_script(opts)
+        if str(script) == "-":
+            if do_submit:
+                raise ConfigError("--script - prints the script; it cannot also be submitted")
+            typer.echo(text, nl=False)
+            return
+        try:
+            path = Path(os.path.abspath(script.expanduser())) if script else default_script_path(out_abs)
+            logs_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create it: no log at all otherwise
+            write_script(path, text)
+        except OSError as exc:
+            raise OutputError(f"cannot write the script or the log folder: {exc}") from None
+    if not do_submit:
+        typer.echo(str(path))
+        echo_err(f"mmenc: wrote {path}; submit it with: sbatch {shlex.quote(str(path))}")
+        return
+    try:
+        job = submit(path)
+    except SubmitError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+    typer.echo(job)
+    echo_err(f"mmenc: submitted {path} as job {job}, {tasks} tasks; logs in {logs_dir}; "
+             f"follow with: mmenc status {shlex.quote(str(out_abs))}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `slurm` to the main app (its own command class keeps the options after `--`)."""
+    app.command("slurm", cls=EncodeArgsCommand, no_args_is_help=True)(slurm)

@@ -1,0 +1,125 @@
+"""How one batch's forward runs: plainly on one stream, timed with CUDA events on a GPU.
+
+`PlainForward` is PyTorch's own forward for the whole batch (every accelerator, `--compile`, and
+`--cpu-forward plain`); `cpu.streams.StreamedForward` is the CPU's two-stream variant. Both take
+the batch's payloads, a `prepare` that turns payloads into model inputs on the calling thread, and
+the model function, and return float32 outputs and the texts' truncation flags.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ..errors import first_line
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+log = logging.getLogger("mmenc")
+
+Inputs = dict[str, "torch.Tensor"]
+#: payloads -> (model inputs, per-text truncation flags)
+Prepare = Callable[[Sequence[Any]], tuple[Inputs, list[bool]]]
+
+
+class PlainForward:
+    """The whole batch in one forward on the calling thread; `mode` is the requested
+    `--cpu-forward`, recorded with what ran."""
+
+    streams = 1
+
+    def __init__(self, device: str, mode: str) -> None:
+        self.device, self.mode = device, mode
+        self.timer = ForwardTimer(device)
+
+    def run(self, payloads: Sequence[Any], prepare: Prepare,
+            forward: Callable[[Inputs], "torch.Tensor"]) -> tuple["torch.Tensor", list[bool]]:
+        """The batch's float32 outputs and its truncation flags."""
+        import torch
+
+        with torch.inference_mode():
+            inputs, truncated = prepare(payloads)
+            with self.timer:
+                vectors = forward(inputs).float()
+        return vectors, truncated
+
+    def device_seconds(self) -> float | None:
+        """Seconds the accelerator spent in forward passes so far (CUDA events), None elsewhere."""
+        return self.timer.seconds()
+
+    def summary(self) -> dict[str, Any]:
+        """What ran: PyTorch's own forward, one stream (on the CPU; `None` fields elsewhere)."""
+        on_cpu = self.device == "cpu"
+        return {"mode": self.mode, "streams": 1 if on_cpu else None, "linears": "pytorch" if on_cpu else None,
+                "evidence": None}
+
+
+class ForwardTimer:
+    """Times forward passes on a CUDA device with CUDA events, without synchronizing: the events
+    of a pass are read once the GPU has passed them (the pipeline's copy of the vectors to the
+    host waits for that anyway). A no-op elsewhere. Used as `with timer: forward()`."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = str(device).startswith("cuda")
+        self._pending: list[tuple[Any, Any]] = []
+        self._done = 0.0
+
+    def __enter__(self) -> None:
+        if self.cuda:
+            import torch
+
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            self._pending.append((begin, end))
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.cuda and self._pending:
+            self._pending[-1][1].record()
+            self._collect(wait=False)
+
+    def _collect(self, wait: bool) -> None:
+        keep = []
+        for begin, end in self._pending:
+            if wait or end.query():
+                end.synchronize()
+                self._done += begin.elapsed_time(end) / 1000.0
+            else:
+                keep.append((begin, end))
+        self._pending = keep
+
+    def seconds(self) -> float | None:
+        if not self.cuda:
+            return None
+        self._collect(wait=True)
+        return self._done
+
+
+class CompiledOrEager:
+    """Calls `fn` through `torch.compile`; if compiling fails, warns once and stays eager.
+
+    A failure on a call that also fails eagerly is the input's fault, not the compiler's: it is
+    raised and compilation is kept.
+    """
+
+    def __init__(self, fn: Callable[[Inputs], "torch.Tensor"], name: str) -> None:
+        import torch
+
+        self.fn, self.name, self.proven = fn, name, False
+        self.compiled: Callable[[Inputs], "torch.Tensor"] | None = torch.compile(fn)
+
+    def __call__(self, inputs: Inputs) -> "torch.Tensor":
+        if self.compiled is None:
+            return self.fn(inputs)
+        try:
+            out = self.compiled(inputs)
+        except Exception as exc:
+            if self.proven and not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                raise
+            out = self.fn(inputs)  # raises if the input itself is at fault
+            log.warning("torch.compile failed for %s (%s: %s); running eager", self.name,
+                        type(exc).__name__, first_line(exc))
+            self.compiled = None
+            return out
+        self.proven = True
+        return out

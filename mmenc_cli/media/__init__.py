@@ -1,0 +1,75 @@
+"""Loading one image from a manifest's `image` value, inside a decode worker process.
+
+Modules: `sources.py` gets the bytes of a path, `file://` URL, data URI or inline bytes;
+`http.py` fetches `http(s)://` with retries; `decode.py` turns bytes into RGB pixels (Pillow).
+
+Sources: a local path (relative paths resolve against the manifest's folder, `~` is expanded),
+`file://` and `http(s)://` URLs (stdlib urllib, retried with back-off), `data:` URIs and raw bytes
+(Parquet inline). `load_image` either returns a fully decoded RGB image or raises `MMError` with
+stage "load" (getting the bytes) or "decode" (bytes to pixels) and a reason from
+`errors.REASONS`; no other exception escapes it.
+
+What comes back is always RGB, whatever the file held:
+
+- EXIF orientation applied (orientation 6 or 8 swaps width and height);
+- alpha (RGBA, LA, PA, a palette or grey image with a transparent colour) composited on white,
+  because the colour under fully transparent pixels is arbitrary (often black) and white is what
+  a viewer shows;
+- 16-bit grey (mode I;16) scaled to 8 bits by /257 (not clipped: clipping turns most of a 16-bit
+  image white); 32-bit integer grey (mode I) kept if its values fit 8 bits, else /257 if they fit
+  16 bits; float grey from [0, 1] by x255; anything else (negative, wider, HDR) min-max scaled;
+- CMYK through Pillow's conversion (no ICC colour management); multi-frame GIF, TIFF, WebP: the
+  first frame.
+
+No torch or transformers here: this module runs in every decode worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+from PIL import Image
+
+from ..config import MediaConfig
+from . import http
+from .decode import configure_pillow, decode_image
+from .sources import (SCHEME, SUPPORTED_SOURCES, Source, check_payload, data_uri_bytes, describe_source,
+                      file_url_path, guard, load_error, read_file)
+
+__all__ = ["configure_pillow", "describe_source", "load_image"]
+
+
+def load_image(source: Source, base_dir: str, cfg: MediaConfig, *,
+               backoff: float | None = None) -> Image.Image:
+    """Load, decode and normalise one image to a fully loaded RGB `PIL.Image`.
+
+    `base_dir` resolves relative paths (the manifest's folder). `backoff` overrides
+    `BACKOFF_BASE_S` (tests use a tiny one). Every failure is an `MMError` (see module docstring).
+    """
+    data, content_type = guard("load", load_bytes, source, base_dir, cfg,
+                                http.BACKOFF_BASE_S if backoff is None else backoff)
+    return guard("decode", decode_image, data, cfg, content_type)
+
+
+def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,
+                backoff: float) -> tuple[bytes, str | None]:
+    """The raw bytes of `source` and, where known, their declared media type."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return check_payload(bytes(source), cfg, "inline image bytes"), None
+    if not isinstance(source, str) or not source.strip():
+        got = "an empty string" if isinstance(source, str) else type(source).__name__
+        raise load_error(f"the image field must be a path, URL, data URI or bytes, got {got}",
+                          "media.invalid_source")
+    if source[:5].lower() == "data:":
+        return data_uri_bytes(source, cfg)
+    match = SCHEME.match(source)
+    if match is None:
+        path = os.path.join(base_dir, os.path.expanduser(source))
+        return read_file(path, cfg), None
+    scheme = match.group(1).lower()
+    if scheme == "file":
+        return read_file(file_url_path(source), cfg), None
+    if scheme in ("http", "https"):
+        return http.fetch(source, cfg, backoff)
+    raise load_error(f"unsupported URL scheme {scheme}://; supported: {SUPPORTED_SOURCES}",
+                      "media.unsupported_scheme")

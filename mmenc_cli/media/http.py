@@ -1,0 +1,199 @@
+"""Fetching `http(s)://` images with bounded time and retries of transient failures.
+
+Each attempt ends after about `--fetch-timeout` (connect, each read and the whole body); 408, 429,
+5xx, refused connections, DNS failures and resets are retried `--fetch-retries` times with
+exponential back-off and jitter, honouring a server's Retry-After up to `RETRY_AFTER_MAX_S`.
+Redirects are followed only to http(s). The final status maps to one `MMError` (`_http_error`).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import random
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from ..config import MediaConfig
+from ..errors import MMError, classify, trim_message
+from .sources import SUPPORTED_SOURCES, check_payload, check_size, describe_source, load_error
+
+#: Back-off before retry n (0-based) is min(CAP, BASE * 2**n) times a jitter in [0.5, 1].
+BACKOFF_BASE_S = 0.5
+
+
+BACKOFF_CAP_S = 8.0
+
+
+#: A server's Retry-After is honoured up to this; a longer one means give up now, not wait.
+RETRY_AFTER_MAX_S = 30.0
+
+
+USER_AGENT = "mmenc/0.1 (offline embedding precomputation)"
+
+
+_CHUNK = 1 << 16
+
+
+class Transient(Exception):
+    """A fetch failure worth retrying; `error` is what to report if no retry succeeds."""
+
+    def __init__(self, error: MMError, retry_after: float | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after = retry_after
+
+
+class _RedirectHandler(urllib.request.HTTPRedirectHandler):
+    """Follow redirects only to http(s): urllib would also follow one to ftp://."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
+            fp.close()
+            raise load_error(f"redirected to unsupported URL scheme {scheme}://; supported: "
+                              f"{SUPPORTED_SOURCES}", "media.unsupported_scheme")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def fetch(url: str, cfg: MediaConfig, backoff: float) -> tuple[bytes, str | None]:
+    """GET `url` with up to `cfg.fetch_retries` retries of transient failures.
+
+    Time is bounded: each attempt ends after about `fetch_timeout` (connect, each read and the
+    whole body), and each wait is at most max(BACKOFF_CAP_S, RETRY_AFTER_MAX_S)."""
+    attempts = 1 + cfg.fetch_retries
+    last: Transient | None = None
+    for attempt in range(attempts):
+        try:
+            return _fetch_once(url, cfg)
+        except Transient as exc:
+            last = exc
+            delay = None if attempt + 1 == attempts else _retry_delay(attempt, backoff, exc.retry_after)
+            if delay is None:
+                break
+            time.sleep(delay)
+    assert last is not None  # the loop either returned or caught a Transient
+    err = last.error
+    tries = f"{attempt + 1} attempt" + ("s" if attempt else "")
+    raise MMError(trim_message(f"{err.message} (gave up after {tries})"), stage="load",
+                  reason=err.reason, error=err.error)
+
+
+def _retry_delay(attempt: int, base: float, retry_after: float | None) -> float | None:
+    """Seconds before the next attempt: exponential back-off with jitter, at least the server's
+    Retry-After; None when that Retry-After is too long to wait for."""
+    delay = min(BACKOFF_CAP_S, base * 2**attempt) * random.uniform(0.5, 1.0)
+    if retry_after is None:
+        return delay
+    return None if retry_after > RETRY_AFTER_MAX_S else max(delay, retry_after)
+
+
+def _fetch_once(url: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
+    """One GET; raises `Transient` for what a retry may fix, `MMError` for the rest."""
+    shown = describe_source(url)
+    deadline = time.monotonic() + cfg.fetch_timeout
+    try:
+        request = urllib.request.Request(_to_uri(url), headers={"User-Agent": USER_AGENT,
+                                                                "Accept": "image/*"})
+        with urllib.request.build_opener(_RedirectHandler).open(request, timeout=cfg.fetch_timeout) as resp:
+            declared = resp.headers.get("Content-Length", "").strip()
+            expected = int(declared) if declared.isdigit() else None
+            if expected is not None:
+                check_size(expected, cfg, shown)
+            data = _read_body(resp, cfg, deadline, shown)
+            content_type = resp.headers.get_content_type() if resp.headers.get("Content-Type") else None
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        error = _http_error(exc.code, str(exc.reason or ""), shown)
+        if exc.code in (408, 429) or exc.code >= 500:
+            raise Transient(error, _parse_retry_after(exc.headers.get("Retry-After"))) from exc
+        raise error from exc
+    except urllib.error.URLError as exc:
+        raise _network_error(exc.reason, shown, cfg) from exc
+    except (OSError, http.client.HTTPException) as exc:  # raised while reading the body
+        raise _network_error(exc, shown, cfg) from exc
+    except ValueError as exc:  # a URL that cannot be parsed or encoded
+        raise load_error(f"invalid URL {shown}: {exc}", "media.invalid_source", exc) from exc
+    if expected is not None and len(data) < expected:
+        raise Transient(load_error(f"connection closed after {len(data)} of {expected} bytes "
+                                     f"from {shown}", "remote.unavailable"))
+    return check_payload(data, cfg, shown), content_type
+
+
+def _to_uri(url: str) -> str:
+    """Percent-encode what manifests often hold raw in URLs (spaces, non-ASCII path, IDN host);
+    existing %-escapes are kept."""
+    if url.isascii() and " " not in url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    safe = "/%:@!$&'()*+,;=-._~"
+    netloc = parts.netloc if parts.netloc.isascii() else parts.netloc.encode("idna").decode("ascii")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, urllib.parse.quote(parts.path, safe),
+                                    urllib.parse.quote(parts.query, safe + "?"),
+                                    urllib.parse.quote(parts.fragment, safe + "?")))
+
+
+def _read_body(resp: http.client.HTTPResponse, cfg: MediaConfig, deadline: float, shown: str) -> bytes:
+    """Stream the body, failing as soon as it passes --max-file-bytes or the attempt's deadline
+    (a server dribbling bytes never trips the per-read socket timeout)."""
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := resp.read1(_CHUNK):  # read1: returns what arrived, so the deadline is checked
+        total += len(chunk)
+        check_size(total, cfg, shown)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"body not received within {cfg.fetch_timeout:g}s")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _http_error(status: int, phrase: str, shown: str) -> MMError:
+    """The one mapping from a final HTTP status to an MMError."""
+    if status in (404, 410):
+        reason = "remote.not_found"
+    elif status in (401, 403, 407):
+        reason = "remote.forbidden"
+    elif status == 408:
+        reason = "remote.timeout"
+    elif status == 429 or status >= 500:
+        reason = "remote.unavailable"
+    else:  # other 4xx, and a 3xx urllib did not follow (redirect loop, 300, 304)
+        reason = "remote.client_error"
+    status_line = f"HTTP {status} {phrase}" if phrase else f"HTTP {status}"
+    return MMError(f"{status_line} from {shown}", stage="load", reason=reason, error="HTTPError")
+
+
+def _network_error(exc: BaseException | str, shown: str, cfg: MediaConfig) -> Transient | MMError:
+    """Map a connection-level failure: timeouts, refusals, DNS, resets are transient."""
+    if isinstance(exc, str):  # urllib's own complaints: "no host given", "unknown url type"
+        return load_error(f"invalid URL {shown}: {exc}", "media.invalid_source")
+    if isinstance(exc, MMError):
+        return exc
+    if isinstance(exc, http.client.InvalidURL):
+        return load_error(f"invalid URL {shown}: {exc}", "media.invalid_source", exc)
+    what = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, TimeoutError):
+        return Transient(load_error(f"timed out after {cfg.fetch_timeout:g}s fetching {shown}: "
+                                      f"{exc}", "remote.timeout", exc))
+    if isinstance(exc, ssl.SSLCertVerificationError):  # retrying cannot fix a bad certificate
+        return load_error(f"TLS certificate of {shown} rejected: {exc}", "remote.unavailable", exc)
+    if isinstance(exc, (OSError, http.client.HTTPException)):
+        return Transient(load_error(f"cannot fetch {shown}: {what}", "remote.unavailable", exc))
+    return classify(exc, "load")
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (delta-seconds or an HTTP date); None if absent or unreadable."""
+    value = (value or "").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

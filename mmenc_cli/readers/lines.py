@@ -1,0 +1,57 @@
+"""Byte positions in text manifests: line starts, BOMs and the record tuple every format yields."""
+
+from __future__ import annotations
+
+import gzip
+from typing import IO, Any
+
+from ..errors import ManifestError, MMError
+
+__all__ = ["BOM", "COUNT_LINES_UP_TO", "Raw", "check_line_start", "is_gzip", "open_text", "sync"]
+
+BOM = b"\xef\xbb\xbf"
+
+
+COUNT_LINES_UP_TO = 64 << 20  # newlines are counted before a task's start only below this
+
+
+#: (line, offset, record, error): what a format reader yields for one record.
+Raw = tuple[int | None, int, dict[str, Any] | None, MMError | None]
+
+
+def is_gzip(path: str) -> bool:
+    """Whether a text manifest is gzip-compressed (read as a stream, never seeked)."""
+    return path.lower().endswith(".gz")
+
+
+def open_text(path: str) -> IO[bytes]:
+    """A binary handle on a text manifest, decompressing .gz."""
+    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+
+
+def sync(fh: IO[bytes], a: int) -> tuple[int, int | None]:
+    """Move to the first line start at or after byte `a`; return it and its line number if cheap."""
+    if a == 0:
+        fh.seek(0)
+        return 0, 1
+    fh.seek(a - 1)
+    fh.readline()  # just the newline when byte a-1 is one, so a line starting at a is kept
+    pos = fh.tell()
+    if pos > COUNT_LINES_UP_TO:
+        return pos, None
+    fh.seek(0)
+    newlines, left = 0, pos
+    while left:
+        chunk = fh.read(min(left, 1 << 20))
+        newlines, left = newlines + chunk.count(b"\n"), left - len(chunk)
+    return pos, newlines + 1
+
+
+def check_line_start(fh: IO[bytes], path: str, offset: int) -> None:
+    """Seek to `offset`, refusing one that is not a line start (the manifest changed since)."""
+    if offset > 0:
+        fh.seek(offset - 1)
+        if fh.read(1) != b"\n":
+            raise ManifestError(f"offset {offset} of {path} is not the start of a line: "
+                                "has the manifest changed since the run?")
+    fh.seek(offset)

@@ -1,0 +1,112 @@
+"""The shard committer: encoded items gathered into shards, written on a background thread.
+
+Writing a shard (Parquet encoding, fsync, rename) runs off the encode loop, in order, with at most
+two shards queued. The writer thread never touches the run's counters: each shard's outcome
+(`ShardOutcome`: seconds, and the exception when the write failed) goes back to the encode loop,
+which collects it with `outcomes()` and counts it. Anything else that goes wrong on the thread is
+kept and re-raised in the encode loop.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..outdir import OutDir, shard_name
+from ..records import ManifestRow
+from ..writers import ShardData, ShardWriter
+
+
+@dataclass
+class ShardOutcome:
+    """One shard's write: its rows, the seconds it took, and why it failed (None: committed)."""
+
+    name: str
+    shard: ShardData
+    seconds: float
+    error: Exception | None = None
+
+
+class ShardCommitter:
+    """Gathers encoded items into shards of `shard_size` and commits them in order."""
+
+    def __init__(self, out: OutDir, writer: ShardWriter, task: int, worker: int, shard_size: int,
+                 keep: tuple[str, ...], after_commit: Callable[[], None]) -> None:
+        self.writer, self.task, self.worker = writer, task, worker
+        self.shard_size, self.keep = shard_size, keep
+        self.after_commit = after_commit  # on the writer thread, after each commit (fsync the error report)
+        self.seq = out.next_seq(task, worker)
+        self.shard = self._new_shard()
+        self.committed = 0
+        self.error: BaseException | None = None
+        self._queue: queue.Queue[tuple[ShardData, str] | None] = queue.Queue(maxsize=2)
+        self._done: queue.SimpleQueue[ShardOutcome] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="mmenc-writer", daemon=True)
+        self._thread.start()
+
+    def _new_shard(self) -> ShardData:
+        return ShardData(keep={k: [] for k in self.keep})
+
+    def add(self, row: ManifestRow, modality: str, vector: Any, meta: dict[str, Any] | None) -> None:
+        """Append one embedding; a full shard goes to the writer thread."""
+        self.shard.add(row.id, modality, vector, row.keep, row, meta)
+        if len(self.shard) >= self.shard_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the shard being filled (if any rows) to the writer thread."""
+        if not len(self.shard):
+            return
+        self._check()
+        shard, self.shard = self.shard, self._new_shard()
+        name = shard_name(self.task, self.worker, self.seq, self.writer.ext)
+        self.seq += 1
+        while True:
+            try:
+                self._queue.put((shard, name), timeout=0.5)
+                return
+            except queue.Full:
+                self._check()
+
+    def outcomes(self) -> list[ShardOutcome]:
+        """The shards written (or failed) since the last call; never blocks."""
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self, check: bool = True) -> list[ShardOutcome]:
+        """Write what is queued (not the shard being filled: `flush` it first), stop the thread,
+        and return the outcomes not collected yet."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if check:
+            self._check()
+        return self.outcomes()
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the shard writer thread failed: {type(self.error).__name__}: {self.error}") from self.error
+
+    def _work(self) -> None:
+        try:
+            while (job := self._queue.get()) is not None:
+                self._done.put(self._write(*job))
+        except BaseException as exc:  # never die silently: the encode loop re-raises it
+            self.error = exc
+
+    def _write(self, shard: ShardData, name: str) -> ShardOutcome:
+        t0 = time.perf_counter()
+        try:
+            self.writer.write(shard, name)
+        except Exception as exc:  # the encode loop turns the shard's items into error rows
+            return ShardOutcome(name, shard, time.perf_counter() - t0, exc)
+        self.committed += 1  # committed: from here on nothing may turn its items into errors
+        self.after_commit()
+        return ShardOutcome(name, shard, time.perf_counter() - t0)

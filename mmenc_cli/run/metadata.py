@@ -1,0 +1,123 @@
+"""The run's records of itself: the options fingerprint, the output's facts, task metadata, versions.
+
+`run.json` (written once per output) holds the fingerprint of the options that change the vectors
+or the schema, the facts of the model that made them and the config; every later run must match
+its fingerprint (`resume.check_output`). `tasks/task-NNNNN.json` is rewritten at each task's
+start and end: state, counters, seconds, versions, the config and how the forward ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..config import RunConfig
+from ..encoders.base import Encoder
+from ..outdir import OutDir, read_json
+from .counters import Counters, RunResult
+
+#: options that change the vectors or the output's schema: a run must match the output's
+FINGERPRINT_KEYS = ("model", "model_stamp", "revision", "pooling", "dtype", "normalize", "text_prefix",
+                    "max_length", "format", "out_dtype", "keep")
+
+
+def model_stamp(model: str) -> str | None:
+    """For a local model folder: a hash of its config and weight file sizes (None for hub ids)."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(path)):
+        p = path / name
+        if name.endswith(".json") and p.is_file() and p.stat().st_size < 1 << 20:
+            h.update(name.encode() + p.read_bytes())
+        elif name.endswith((".safetensors", ".bin")):
+            h.update(f"{name}:{p.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
+    """The options that change the vectors or schema, with the dtype already resolved."""
+    m = cfg.model
+    path = Path(m.model).expanduser()
+    return {
+        "model": str(path.resolve()) if path.is_dir() else m.model,
+        "model_stamp": model_stamp(m.model),
+        "revision": m.revision,
+        "pooling": m.pooling,
+        "dtype": dtype,
+        "normalize": m.normalize,
+        "text_prefix": m.text_prefix,
+        "max_length": m.max_length,
+        "format": cfg.writer.format,
+        "out_dtype": cfg.writer.out_dtype,
+        "keep": list(cfg.manifest.keep),
+    }
+
+
+def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable differences between two fingerprints."""
+    return [f"{k}: output has {old.get(k)!r}, this run {new.get(k)!r}" for k in FINGERPRINT_KEYS if old.get(k) != new.get(k)]
+
+
+def resolved_dtype(cfg: RunConfig) -> str:
+    """The compute dtype name this run will use (imports torch only to resolve an 'auto' device)."""
+    dtype, device = cfg.model.dtype, cfg.model.devices[0]
+    if dtype != "auto":
+        return dtype
+    if device in ("cpu", "mps"):
+        return "float32"
+    from ..encoders.device import resolve_device, resolve_dtype
+
+    return str(resolve_dtype("auto", resolve_device(device))).replace("torch.", "")
+
+
+def model_facts(cfg: RunConfig, enc: Encoder, dtype: str) -> dict[str, Any]:
+    """The facts of the model that makes this output's vectors (run.json and every shard's metadata)."""
+    info = dict(enc.info)
+    normalize = cfg.model.normalize
+    if normalize is None:
+        normalize = bool(enc.default_normalize)
+    out_dtype = cfg.writer.out_dtype or ("float16" if enc.output_kind == "tokens" else "float32")
+    stamp = model_stamp(cfg.model.model)
+    revision = info.get("commit") or info.get("revision") or (f"local:{stamp}" if stamp else None)
+    return {**info, "model": cfg.model.model, "revision": revision, "dim": int(enc.dim),
+            "modalities": sorted(enc.modalities), "normalize": normalize, "dtype": dtype,
+            "pooling": info.get("pooling", cfg.model.pooling),
+            "out_dtype": out_dtype, "output_kind": enc.output_kind, "mmenc_version": __version__}
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape the vectors, for the run metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"mmenc": __version__, "python": platform.python_version()}
+    for name in ("torch", "transformers", "pillow", "pyarrow", "safetensors", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def write_task_meta(out: OutDir, cfg: RunConfig, state: str, counters: Counters, elapsed: float,
+                    result: RunResult | None = None) -> None:
+    """Record this task's state, counts, timings and versions under `_mmenc/tasks/`."""
+    path = out.task_meta_path(cfg.task_index)
+    data = {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
+            "pid": os.getpid(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "manifests": list(cfg.manifests),
+            "devices": list(cfg.model.devices), "counters": counters.to_dict(), "elapsed": elapsed,
+            "versions": library_versions(), "config": cfg.to_dict(),
+            "threshold_exceeded": result.threshold_exceeded if result else None,
+            "model_loaded": result.model_loaded if result else None,
+            "forward": result.forward if result else None,
+            "events": (result.events if result else [])[-50:]}
+    previous = read_json(path)
+    if state == "running" and isinstance(previous, dict):
+        data["previous_state"] = previous.get("state")
+    out.write_task_meta(cfg.task_index, data)

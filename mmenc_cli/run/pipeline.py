@@ -1,0 +1,317 @@
+"""Wiring the stages: manifest rows -> items -> decode workers / text windows -> micro-batches -> shards.
+
+`run_encode(cfg)` is the whole `mmenc encode` for one task (one process per device when several
+are given, `devices.py`). It never raises for a bad item: every requested item ends as an
+embedding in a committed shard or as one row in the error report (`failures.py`), or, when the
+run stops as a whole, as "not attempted" for a re-run to finish. It raises only `RunError`s
+(`OutputError`, `LockBusy`, `ModelLoadError`, `ConfigError`, `ManifestError`).
+
+One run, in order: take the task's lock (`locks.py`); check the options against the output's
+fingerprint or record them (`metadata.py`, `resume.py`); read what earlier runs settled; then
+for each row of this task's slice (`readers/`): count it, skip what is done, and hand each
+requested (row, modality) to its feed (`images.py`, `texts.py`), which calls the encode stage
+(`stage.py`) with batches; the stage's vectors go to the shard committer (`commit.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from ..config import RunConfig
+from ..encoders.base import Encoder
+from ..errors import LockWaitInterrupted, MMError, OutputError
+from ..idset import HashSet64, id_hash
+from ..outdir import OutDir
+from ..readers import iter_rows
+from ..records import InvalidRow, Item, ManifestRow
+from ..report import ErrorReportWriter
+from ..writers import make_writer
+from .commit import ShardCommitter
+from .counters import Counters, RunResult, threshold_exceeded
+from .decode_pool import DecodePool
+from .devices import run_devices
+from .failures import FailureSink
+from .images import ImageFeed
+from .metadata import fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
+from .resume import History, check_commit, check_output, load_history, open_output
+from .stage import EncodeStage
+from .texts import TextFeed
+
+log = logging.getLogger("mmenc")
+
+ProgressFn = Callable[[Counters], None]
+EncoderFactory = Callable[..., Encoder]
+
+
+class EncodeRun:
+    """One task's (and one worker's) encode run. Use `run_encode`."""
+
+    def __init__(self, cfg: RunConfig, worker: int = 0, worker_count: int = 1,
+                 encoder_factory: EncoderFactory | None = None, progress: ProgressFn | None = None,
+                 stop: threading.Event | None = None, primary: bool = True) -> None:
+        self.cfg = cfg
+        self.primary = primary  # False for a device worker: its parent holds the lock and writes task meta
+        self.task = cfg.task_index
+        self.worker, self.worker_count = worker, worker_count
+        self.out = OutDir(cfg.writer.out)
+        self.encoder_factory = encoder_factory
+        self.progress = progress or (lambda c: None)
+        self.stop = stop or threading.Event()
+        self.counters = Counters()
+        self.encoder: Encoder | None = None
+        self.facts: dict[str, Any] = {}
+        self.events: list[str] = []
+        self.failures: FailureSink | None = None
+        self.stopped_by: str | None = None
+
+    # -- setup ----------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Run the task: take its lock (unless a device worker under its parent's lock) and encode."""
+        t_start = time.perf_counter()
+        if not self.primary:
+            return self._run_locked(t_start)
+        self.out.prepare()  # exists and writable (OutputError) before taking the lock
+        try:
+            lock = self.out.lock(self.task, wait=self.cfg.wait_lock, stop=self.stop)
+        except LockWaitInterrupted:
+            return self._result("interrupted", t_start)
+        with lock:
+            open_output(self.out, self.cfg, self.task)
+            self.out.clean_tmp(self.task)
+            return self._run_locked(t_start)
+
+    def load_encoder(self) -> Encoder:
+        """The encoder, loaded on first use (a finished re-run never loads it)."""
+        if self.encoder is not None:
+            return self.encoder
+        t0 = time.perf_counter()  # the load includes importing torch and transformers (~2.5 s)
+        factory = self.encoder_factory
+        if factory is None:
+            from transformers.utils import logging as hf_logging
+
+            from ..encoders import load_encoder as factory
+
+            hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron and Slurm logs
+        device = self.cfg.model.devices[self.worker % len(self.cfg.model.devices)]
+        self.encoder = factory(self.cfg.model, device=device)
+        self.counters.add_seconds("load", time.perf_counter() - t0)
+        log.debug("model %s loaded in %.1f s", self.cfg.model.model, time.perf_counter() - t0)
+        check_commit(self.out, self.cfg.model.model, self.facts or {}, self.encoder.info)
+        return self.encoder
+
+    def _init_facts(self) -> dict[str, Any]:
+        """The output's facts: from its metadata when the options match, else from the loaded model."""
+        dtype = resolved_dtype(self.cfg)
+        fp = fingerprint(self.cfg, dtype)
+        facts = check_output(self.out, fp)
+        if facts is None:
+            facts = model_facts(self.cfg, self.load_encoder(), dtype)
+            created = self.out.create_run_meta({"fingerprint": fp, "facts": facts, "config": self.cfg.to_dict(),
+                                                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                                "versions": library_versions()})
+            if not created:  # another task or device worker was first: its options must match ours
+                facts = check_output(self.out, fp) or facts
+        return facts
+
+    def _run_locked(self, t_start: float) -> RunResult:
+        cfg = self.cfg
+        if self.stop.is_set():  # stopped before starting: do not load a model for nothing
+            return self._result("interrupted", t_start)
+        facts = self.facts = self._init_facts()
+        modalities = tuple(cfg.modalities or facts["modalities"])
+        missing = [m for m in modalities if m not in facts["modalities"]]
+        if missing:
+            raise OutputError(f"model {cfg.model.model} cannot encode {', '.join(missing)} "
+                              f"(it supports: {', '.join(facts['modalities'])})")
+        if self.primary:
+            write_task_meta(self.out, cfg, "running", self.counters, time.perf_counter() - t_start)
+        history = load_history(self.out)
+        with ErrorReportWriter(self.out.error_report_path(self.task, self.worker)) as report:
+            self.failures = FailureSink(report, self.counters, history.attempts, self.task, self._failed)
+            self._loop(modalities, history)
+        state = "done"
+        if self.stop.is_set():
+            state = "stopped" if self.stopped_by == "fail-fast" else "interrupted"
+        result = self._result(state, t_start)
+        if self.primary:
+            write_task_meta(self.out, cfg, state, self.counters, result.elapsed, result)
+        return result
+
+    def _result(self, state: str, t_start: float) -> RunResult:
+        return RunResult(out=str(self.out.root), task=self.task, state=state, counters=self.counters,
+                         facts=self.facts, elapsed=time.perf_counter() - t_start,
+                         threshold_exceeded=threshold_exceeded(self.cfg, self.counters),
+                         model_loaded=self.encoder is not None, events=self.events,
+                         forward=self.encoder.forward_summary() if self.encoder is not None else None)
+
+    def _failed(self) -> None:
+        if self.cfg.fail_fast and self.stopped_by is None:
+            self.stopped_by = "fail-fast"
+            self.stop.set()
+
+    # -- the loop -------------------------------------------------------------------------
+    def _rows(self) -> Iterator[ManifestRow | InvalidRow]:
+        it = iter_rows(list(self.cfg.manifests), self.cfg.manifest, self.task, self.cfg.task_count)
+        index = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                rec = next(it)
+            except StopIteration:
+                return
+            finally:
+                self.counters.add_seconds("read", time.perf_counter() - t0)
+            if self.worker_count > 1:
+                index += 1
+                # rows of one id go to one worker, so its `seen` set catches duplicate ids (409)
+                owner = (id_hash(rec.id) if isinstance(rec, ManifestRow) else index) % self.worker_count
+                if owner != self.worker:
+                    continue
+            yield rec
+
+    def _loop(self, modalities: tuple[str, ...], history: History) -> None:
+        seen = HashSet64()
+        stages = Stages(self)
+        try:
+            for rec in self._rows():
+                if self.stop.is_set():
+                    break
+                self.counters.add_row("rows")
+                if isinstance(rec, InvalidRow):
+                    self._invalid(rec, history)
+                elif not seen.add(id_hash(rec.id)):
+                    self._invalid(InvalidRow(rec.manifest, rec.line, rec.offset, id=rec.id, error=MMError(
+                        f"id {rec.id!r} is already used by an earlier row of this run",
+                        stage="validate", reason="manifest.duplicate_id")), history)
+                else:
+                    self._request(rec, modalities, history, stages)
+                stages.pump()
+            stages.finish(interrupted=self.stop.is_set())
+        except BaseException:
+            stages.abort()
+            raise
+
+    def _request(self, rec: ManifestRow, modalities: tuple[str, ...], history: History, stages: "Stages") -> None:
+        """Count one valid row's items and hand those not settled earlier to their feeds."""
+        present = 0
+        for modality in modalities:
+            if (rec.image if modality == "image" else rec.text) is None:
+                self.counters.add(modality, "skipped")
+                continue
+            present += 1
+            self.counters.add(modality, "requested")
+            if id_hash(rec.id, modality) in history.done:
+                self.counters.add(modality, "encoded_before")
+            elif id_hash(rec.id, modality, rec.manifest) in history.failed:
+                self.counters.add(modality, "failed_before")
+            else:
+                stages.add(Item(rec, modality))
+        if not present:
+            self.counters.add_row("rows_skipped")
+
+    def _invalid(self, inv: InvalidRow, history: History) -> None:
+        if id_hash(inv.manifest, str(inv.offset)) in history.invalid:
+            self.counters.add_row("invalid_before")
+        else:
+            assert self.failures is not None
+            self.failures.record_invalid(inv)
+
+
+class Stages:
+    """The decode -> batch -> encode -> write machinery of one run, built on first use."""
+
+    def __init__(self, run: EncodeRun) -> None:
+        self.run, self.cfg = run, run.cfg
+        self.stage: EncodeStage | None = None
+        self.texts: TextFeed | None = None
+        self.images: ImageFeed | None = None
+
+    def _ready(self) -> EncodeStage:
+        if self.stage is not None:
+            return self.stage
+        run, cfg = self.run, self.cfg
+        encoder = run.load_encoder()
+        keep = tuple(cfg.manifest.keep)
+        writer = make_writer(cfg.writer.format, run.out, run.facts, run.facts["out_dtype"], keep)
+        assert run.failures is not None
+        committer = ShardCommitter(run.out, writer, run.task, run.worker, cfg.writer.shard_size, keep,
+                                   after_commit=run.failures.sync)
+        self.stage = EncodeStage(encoder, cfg.batch.batch_size, cfg.batch.grow_after, bool(run.facts.get("normalize")),
+                                 run.counters, run.failures, committer, run.events, run.progress)
+        return self.stage
+
+    def _text_feed(self) -> TextFeed:
+        if self.texts is None:
+            stage = self._ready()
+            self.texts = TextFeed(stage.encoder, self.cfg.batch.batch_size, self.run.counters,
+                                  lambda items, payloads: stage("text", items, payloads), self.run.stop.is_set)
+        return self.texts
+
+    def _image_feed(self) -> ImageFeed:
+        if self.images is None:
+            stage = self._ready()
+            batch = self.cfg.batch
+            make_pool = lambda: DecodePool(stage.encoder.image_preprocessor(), self.cfg.media,  # noqa: E731
+                                           batch.resolved_workers, max_in_flight=batch.batch_size * batch.prefetch_batches,
+                                           stop=self.run.stop)
+            assert self.run.failures is not None
+            self.images = ImageFeed(make_pool, batch.batch_size, batch.max_batch_tokens, self.run.counters,
+                                    self.run.failures, lambda items, payloads: stage("image", items, payloads))
+        return self.images
+
+    def add(self, item: Item) -> None:
+        """Accept one pending item."""
+        if item.modality == "image":
+            self._image_feed().add(item)
+            return
+        text = item.row.text or ""
+        if not text.strip():
+            assert self.run.failures is not None
+            self.run.failures.record(MMError("text is empty after stripping whitespace", stage="validate",
+                                             reason="text.empty"), item.row, "text")
+            return
+        self._text_feed().add(item, self.cfg.model.text_prefix + text)
+
+    def pump(self) -> None:
+        """Encode whatever is ready: full text windows, finished decodes, full image batches."""
+        if self.texts is not None:
+            self.texts.pump()
+        if self.images is not None:
+            self.images.pump()
+
+    def finish(self, interrupted: bool) -> None:
+        """Flush everything; when interrupted, commit what is encoded and count the rest as not attempted."""
+        feeds = [(m, f) for m, f in (("image", self.images), ("text", self.texts)) if f is not None]
+        try:
+            for modality, feed in feeds:
+                if not interrupted:
+                    feed.finish()
+                if self.run.stop.is_set():  # stopped now or during the flush
+                    self.run.counters.add(modality, "not_attempted", feed.drop())
+            if self.stage is not None:
+                self.stage.finish()
+        finally:
+            for _modality, feed in feeds:
+                feed.close()
+
+    def abort(self) -> None:
+        """Stop workers and the writer thread after an unexpected error."""
+        for feed in (self.texts, self.images):
+            if feed is not None:
+                feed.close()
+        if self.images is not None:
+            self.images.close(kill=True)
+        if self.stage is not None:
+            self.stage.abort()
+
+
+def run_encode(cfg: RunConfig, *, encoder_factory: EncoderFactory | None = None,
+               progress: ProgressFn | None = None, stop: threading.Event | None = None) -> RunResult:
+    """Run `mmenc encode` for one task (one process per device when several are given)."""
+    stop = stop or threading.Event()
+    if len(cfg.model.devices) > 1 and encoder_factory is None:
+        return run_devices(cfg, EncodeRun, progress, stop)
+    return EncodeRun(cfg, encoder_factory=encoder_factory, progress=progress, stop=stop).run()

@@ -1,0 +1,95 @@
+"""The encode stage: micro-batches through the encoder, each outcome to a shard or to an error row.
+
+`BatchRunner` (`batching.py`) runs a modality's payloads in micro-batches, bisecting failed
+batches and backing off on out-of-memory; this stage normalizes pooled vectors where the output
+asks for it, hands every vector to the shard committer and every failure to the failure sink, and
+counts both. It also collects the committer's shard outcomes: a shard that could not be written
+turns its items from encoded into `write.failed` error rows.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ..batching import BatchRunner
+from ..encoders.base import EncodeOutput, Encoder
+from ..errors import MMError
+from ..records import Item
+from .commit import ShardCommitter, ShardOutcome
+from .counters import Counters
+from .failures import FailureSink
+
+
+def free_device_memory() -> None:
+    """Release cached accelerator memory after an out-of-memory error (best effort)."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:  # freeing memory is best effort
+        pass
+
+
+class EncodeStage:
+    """`stage(modality, items, payloads)` encodes one group of items of one modality."""
+
+    def __init__(self, encoder: Encoder, batch_size: int, grow_after: int, normalize: bool,
+                 counters: Counters, failures: FailureSink, committer: ShardCommitter,
+                 events: list[str], progress: Callable[[Counters], None]) -> None:
+        self.encoder, self.normalize = encoder, normalize and encoder.output_kind == "pooled"
+        self.counters, self.failures, self.committer = counters, failures, committer
+        self.events, self.progress = events, progress
+        self.runner = BatchRunner(self._encode_fn, batch_size, grow_after=grow_after,
+                                  free_memory=free_device_memory, check=encoder.check_outputs)
+
+    def _encode_fn(self, modality: str, payloads: Any) -> EncodeOutput:
+        out = self.encoder.encode(modality, payloads)
+        if self.normalize:
+            import torch
+
+            out.vectors = torch.nn.functional.normalize(out.vectors.float(), p=2, dim=-1)
+        return out
+
+    def __call__(self, modality: str, items: list[Item], payloads: list[Any]) -> None:
+        t0 = time.perf_counter()
+        outcomes = self.runner.run(modality, payloads)
+        self.counters.add_seconds("encode", time.perf_counter() - t0)
+        for item, payload, oc in zip(items, payloads, outcomes):
+            if oc.error is not None:
+                self.failures.record(oc.error, item.row, modality)
+                continue
+            self.counters.add(modality, "encoded")
+            self.counters.add(modality, "truncated", int(oc.truncated))
+            self.committer.add(item.row, modality, oc.value, payload.meta if modality == "image" else None)
+        self.events += self.runner.stats.events
+        self.runner.stats.events.clear()
+        self.settle(self.committer.outcomes())
+        self.progress(self.counters)
+
+    def settle(self, outcomes: list[ShardOutcome]) -> None:
+        """Count the written shards; a shard that failed turns its items into error rows."""
+        for oc in outcomes:
+            self.counters.add_seconds("write", oc.seconds)
+            if oc.error is None:
+                continue
+            err = MMError(f"could not write shard {oc.name}: {oc.error}", stage="write", reason="write.failed",
+                          error=type(oc.error).__name__)
+            for row, modality in zip(oc.shard.refs, oc.shard.modalities):
+                self.counters.add(modality, "encoded", -1)
+                self.failures.record(err, row, modality)
+
+    def finish(self) -> None:
+        """Commit the shard being filled and wait for every write; record the forward's GPU time."""
+        self.committer.flush()
+        self.settle(self.committer.close())
+        if (busy := self.encoder.device_seconds()) is not None:
+            self.counters.add_seconds("forward_device", busy)  # CUDA events: the forward's GPU time
+
+    def abort(self) -> None:
+        """Stop the writer thread after an unexpected error (what is queued is still written)."""
+        self.committer.close(check=False)

@@ -13,19 +13,16 @@ Variants, each a whole Python process started by this script and measured the sa
                model under inference_mode (on CUDA: bfloat16, pinned memory, non-blocking copies).
   (c) mmenc:   `python -m mmenc_cli encode manifest.jsonl --modality image ...` (decode workers,
                uint8 pixels across processes, background shard writer); default --workers.
-  (c0) mmenc with PyTorch's own CPU forward (`MMENC_ONEDNN=0 MMENC_CPU_STREAMS=1`): the same
-               forward as (b), one batch at a time on all threads.
-  (c1) mmenc with PyTorch's own linear kernels but two batch streams (`MMENC_ONEDNN=0`): the
-               same arithmetic as (b); each half-batch runs on one thread, so a decode worker
-               that takes a core stalls one stream instead of every OpenMP barrier of the forward.
-               (c1)/(b) is what the pipeline gains without faster kernels; (c)/(c1) what oneDNN's
-               fused linears add where the run's timed probes choose them (each mmenc run's
-               choice is printed under the medians). c0 and c1 are CPU only and not in the default set.
+  (c0) mmenc with PyTorch's own CPU forward (`--cpu-forward plain`): the same forward as (b),
+               one batch at a time on all threads; (c0)/(b) is what the pipeline gains without
+               mmenc's CPU forward, (c)/(c0) what its two streams and oneDNN's linears add where
+               the run's timed probes choose them (each mmenc run's choice is printed under the
+               medians). CPU only.
 
 For each: end-to-end wall time of the process (interpreter start, imports, model load, all
 images, writing the embeddings) and throughput excluding start-up and model load (the loop from
 the first image to the last embedding written; for mmenc its own run time minus the model load it
-logs). Forward busy share = seconds the forward pass was busy / loop seconds: for (a)/(b) timed
+records in its task metadata). Forward busy share = seconds the forward pass was busy / loop seconds: for (a)/(b) timed
 around the forward (CUDA events on CUDA); for mmenc its `encode` stage seconds from the run's
 task metadata; on CUDA the GPU time of its forward passes, which mmenc records with CUDA events
 (`seconds.forward_device` in the task metadata). Median of --runs
@@ -123,14 +120,14 @@ def run_baseline(kind: str, args: argparse.Namespace, model: Path, manifest: Pat
 
 
 def run_mmenc(args: argparse.Namespace, model: Path, manifest: Path, work: Path,
-              env: dict[str, str] | None = None) -> dict[str, Any]:
+              cpu_forward: str = "auto") -> dict[str, Any]:
     extra = ["--modality", "image", "--batch-size", str(args.batch_size), "--device", args.device,
-             "--model", str(model)]
+             "--model", str(model), "--cpu-forward", cpu_forward]
     if args.workers is not None:
         extra += ["--workers", str(args.workers)]
     if args.compile:
         extra.append("--compile")
-    r = common.run_mmenc([str(manifest), *extra], work / "mmenc-out", env=env)
+    r = common.run_mmenc([str(manifest), *extra], work / "mmenc-out")
     loop = r.elapsed - (r.load_seconds or 0.0)
     return {"wall": r.wall, "n": r.items, "loop": loop, "busy": r.busy_share, "seconds": r.seconds,
             "load": r.load_seconds, "elapsed": r.elapsed, "others": r.others, "cpu_path": r.cpu_path}
@@ -169,21 +166,19 @@ def main() -> None:
         rows = ({"id": f"img{i}", "image": str(images[i % len(images)])} for i in range(count))
         return common.write_manifest(work / f"manifest-{count}.jsonl", rows)
 
-    manifests = {"a": manifest(n_naive), "b": manifest(n), "c": manifest(n), "c0": manifest(n), "c1": manifest(n)}
+    manifests = {"a": manifest(n_naive), "b": manifest(n), "c": manifest(n), "c0": manifest(n)}
     print(f"model: CLIP {args.model_size.upper()}-shaped image tower, random weights ({model}); "
           f"{n} images 640x480 JPEG q90 ({len(images)} distinct), batch size {args.batch_size}; "
           f"(a) on {n_naive} images", flush=True)
     names = {"a": "(a) naive, one image at a time", "b": "(b) batched, single process", "c": "(c) mmenc, whole process",
-             "c0": "(c0) mmenc, PyTorch's CPU forward", "c1": "(c1) mmenc, PyTorch's kernels, 2 streams"}
+             "c0": "(c0) mmenc, PyTorch's CPU forward"}
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
 
     def one(v: str) -> dict[str, Any]:
         if v == "c":
             return run_mmenc(args, model, manifests[v], work)
         if v == "c0":
-            return run_mmenc(args, model, manifests[v], work, env={"MMENC_ONEDNN": "0", "MMENC_CPU_STREAMS": "1"})
-        if v == "c1":
-            return run_mmenc(args, model, manifests[v], work, env={"MMENC_ONEDNN": "0"})
+            return run_mmenc(args, model, manifests[v], work, cpu_forward="plain")
         return run_baseline("naive" if v == "a" else "batched", args, model, manifests[v], work)
 
     for run in range(args.runs):
@@ -204,7 +199,7 @@ def main() -> None:
                   "busy": common.median([r["busy"] for r in rs])}
         print(f"  {names[v]:36s} {med[v]['rate']:8.2f} images/s excl. load  {med[v]['e2e']:8.2f} images/s end to end "
               f"(wall {med[v]['wall']:.1f} s)  forward busy {med[v]['busy']:.0%}")
-    for v in ("c", "c0", "c1"):
+    for v in ("c", "c0"):
         if v not in med:
             continue
         c = sorted(results[v], key=lambda r: r["n"] / r["loop"])[len(results[v]) // 2]
@@ -215,16 +210,15 @@ def main() -> None:
             if r["cpu_path"]:
                 print(f"    CPU linears: {r['cpu_path']}")
     print("ratios (medians, excl. load / end to end):")
-    for x, y in (("c", "b"), ("c0", "b"), ("c1", "b"), ("c", "c0"), ("c", "c1"), ("c", "a"), ("b", "a")):
+    for x, y in (("c", "b"), ("c0", "b"), ("c", "c0"), ("c", "a"), ("b", "a")):
         if x in med and y in med:
             print(f"  {x}/{y}: {common.ratio(med[x]['rate'], med[y]['rate'])} / {common.ratio(med[x]['e2e'], med[y]['e2e'])}")
     if "c" in med and "b" in med:
         ok = med["c"]["rate"] >= 1.05 * med["b"]["rate"]
         print(f"target (c) >= 1.05x (b) excl. load: {'met' if ok else 'NOT met'}")
-    for v in ("c0", "c1"):
-        if v in med and "b" in med:
-            ok = med[v]["rate"] >= 1.05 * med["b"]["rate"]
-            print(f"same kernels as (b): ({v}) >= 1.05x (b) excl. load: {'met' if ok else 'NOT met'}")
+    if "c0" in med and "b" in med:
+        ok = med["c0"]["rate"] >= 1.05 * med["b"]["rate"]
+        print(f"same kernels as (b): (c0) >= 1.05x (b) excl. load: {'met' if ok else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ under 0.5 s on the 2-core CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys

@@ -11,7 +11,7 @@ Variants, each a whole Python process started by this script, measured the same 
           texts by length to cut padding), after a warm-up encode of one batch; vectors saved.
   (mmenc) `python -m mmenc_cli encode texts.jsonl --modality text --batch-size B ...`: reads the
           JSONL manifest, tokenizes in batches with length bucketing, writes Parquet shards.
-  (mmenc0) the same with PyTorch's own CPU forward (`MMENC_ONEDNN=0 MMENC_CPU_STREAMS=1`), the
+  (mmenc0) the same with PyTorch's own CPU forward (`--cpu-forward plain`), the
           forward sentence-transformers runs: mmenc/mmenc0 is what mmenc's CPU forward (oneDNN
           linears where the run's timed probes find them faster, two batch streams) adds, mmenc0/st
           what the rest of the pipeline does. CPU only. Each mmenc run's choice of CPU linears
@@ -192,17 +192,17 @@ def main() -> None:
         r = common.parse_kv(t)
         return {"n": r["n"], "loop": r["loop_s"], "wall": t.wall, "others": t.others}
 
-    def run_mmenc(out: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-        m = common.run_mmenc([str(manifest), "--model", str(model), "--modality", "text",
+    def run_mmenc(out: Path, cpu_forward: str = "auto") -> dict[str, Any]:
+        m = common.run_mmenc([str(manifest), "--model", str(model), "--modality", "text", "--cpu-forward", cpu_forward,
                               "--batch-size", str(args.batch_size), "--device", args.device, "--dtype", args.dtype],
-                             out, env=env)
+                             out)
         return {"n": m.items, "loop": m.elapsed - (m.load_seconds or 0.0), "wall": m.wall,
                 "seconds": m.seconds, "busy": m.busy_share, "others": m.others, "cpu_path": m.cpu_path}
 
     for run in range(args.runs):
         for v in variants:
             fn = {"st": run_st, "mmenc": lambda: run_mmenc(work / "mmenc-out"),
-                  "mmenc0": lambda: run_mmenc(work / "mmenc0-out", {"MMENC_ONEDNN": "0", "MMENC_CPU_STREAMS": "1"})}[v]
+                  "mmenc0": lambda: run_mmenc(work / "mmenc0-out", "plain")}[v]
             res, note = common.quiet_run(fn, lambda r: r["others"])
             results[v].append(res)
             print(f"  run {run + 1} {names[v]}: {res['n'] / res['loop']:.1f} texts/s excl. load, "

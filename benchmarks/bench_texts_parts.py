@@ -1,6 +1,6 @@
 """Where mmenc's texts/s goes, against sentence-transformers, in one process (CPU).
 
-    python benchmarks/bench_texts_parts.py [--texts 2000] [--rounds 8] [--batch-size 32]
+    python benchmarks/bench_texts_parts.py [--texts 2000] [--rounds 8] [--batch-size 32] [--cpu-forward auto]
 
 `bench_texts.py` compares whole runs; this splits mmenc's side into layers, so that a gap to the
 target (>= 1.2x sentence-transformers' `encode`) can be placed. One process, the models loaded
@@ -16,15 +16,13 @@ once, per round every variant on the same texts, the order rotated each round:
   run       `run_encode`: the whole pipeline, manifest to Parquet shards
 
 Prints per round texts/s and, per variant, the median of its per-round ratios to st. The forward
-variant runs whichever CPU linears the encoder's choice holds at that moment (`MMENC_ONEDNN=0|1`
-pins one for all variants).
+variant runs whichever CPU linears the encoder's choice holds at that moment (`--cpu-forward
+onednn` pins oneDNN's for all variants, `plain` runs PyTorch's own forward on one stream).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import threading
 import time
@@ -41,6 +39,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--variants", default="st,forward,encode,run", help="which, comma-separated (ratios need st)")
+    ap.add_argument("--cpu-forward", default="auto", choices=("auto", "plain", "onednn"))
     args = ap.parse_args()
 
     import torch
@@ -56,13 +55,14 @@ def main() -> None:
     texts = common.text_corpus(args.texts, vocab_file=model / "vocab.txt")
     manifest = common.write_manifest(work / f"texts-{args.texts}.jsonl",
                                      ({"id": f"t{i}", "text": t} for i, t in enumerate(texts)))
-    print(f"{args.texts} texts, batch size {bs}, {args.rounds} rounds, float32; "
-          f"MMENC_ONEDNN={os.environ.get('MMENC_ONEDNN', 'auto')}", flush=True)
+    print(f"{args.texts} texts, batch size {bs}, {args.rounds} rounds, float32; --cpu-forward {args.cpu_forward}",
+          flush=True)
 
     threads = torch.get_num_threads()
     st = SentenceTransformer(str(model), device="cpu")
     st.encode(texts[:bs], batch_size=bs)
-    cfg = RunConfig(manifests=(str(manifest),), model=ModelConfig(model=str(model), device="cpu", dtype="float32"),
+    cfg = RunConfig(manifests=(str(manifest),), model=ModelConfig(model=str(model), device="cpu", dtype="float32",
+                                                                  cpu_forward=args.cpu_forward),
                     writer=WriterConfig(out=str(work / "out")), batch=BatchConfig(batch_size=bs),
                     modalities=("text",), overwrite=True)
     encoder = load_encoder(cfg.model, device="cpu")
@@ -117,8 +117,7 @@ def main() -> None:
         ratios = [a / b for a, b in zip(seconds["st"], seconds[name])]
         print(f"  {name:8s} {common.median([args.texts / s for s in seconds[name]]):7.1f} texts/s  "
               f"{common.median(ratios):.2f}x st  (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
-    if encoder.cpu_path_summary():
-        print(f"  CPU linears: {encoder.cpu_path_summary()}")
+    print(f"  CPU forward: {common.cpu_path_text(encoder.forward_summary())}")
 
 
 if __name__ == "__main__":

@@ -282,8 +282,6 @@ def check(t: Timed, what: str) -> None:
 # --------------------------------------------------------------------- reading an mmenc run
 
 _PROGRESS = re.compile(r"progress: rows (\d+), encoded (\d+)")
-_LOADED = re.compile(r"model .* loaded in ([0-9.]+) s")
-_CPU_PATH = re.compile(r"CPU forward, whole run: (.*)$")
 
 
 @dataclass
@@ -294,13 +292,13 @@ class MmencRun:
     items: int
     steady_items: int  # items encoded between the first and the last progress mark
     steady_seconds: float
-    load_seconds: float | None  # the model load, as mmenc logs it
+    load_seconds: float | None  # the model load, as mmenc records it (task metadata: seconds.load)
     seconds: dict[str, float]  # mmenc's own per-stage seconds (task metadata)
     elapsed: float  # mmenc's own run time (task metadata: from the start of run_encode)
     peak_rss: int = 0
     rss: list[tuple[float, int]] = field(default_factory=list)
     others: float = 0.0
-    cpu_path: str = ""  # which CPU linears the run used and why (mmenc's closing "CPU forward, whole run:" log line)
+    cpu_path: str = ""  # which CPU linears the run used and why (task metadata: forward)
 
     @property
     def steady_rate(self) -> float:
@@ -330,24 +328,23 @@ def run_mmenc(args: Sequence[str], out: Path, *, env: dict[str, str] | None = No
            "--progress", "log", "--log-every", "0"]
     t = run_timed(cmd, env=env, sample_rss=sample_rss)
     check(t, "mmenc encode")
-    marks: list[tuple[float, int]] = []
-    load, cpu_path = None, ""
-    for ts, line in t.lines:
-        m = _PROGRESS.search(line)
-        if m:
-            marks.append((ts, int(m.group(2))))
-        m = _LOADED.search(line)
-        if m:
-            load = float(m.group(1))
-        m = _CPU_PATH.search(line)
-        if m:
-            cpu_path = m.group(1).strip()
+    marks = [(ts, int(m.group(2))) for ts, line in t.lines if (m := _PROGRESS.search(line))]
     meta = json.loads((out / "_mmenc" / "tasks" / "task-00000.json").read_text())
     counters = meta["counters"]
+    load = counters["seconds"].get("load")
+    cpu_path = cpu_path_text(meta.get("forward"))
     items = sum(m["encoded"] for m in counters["modalities"].values())
     n, secs = marks_window(marks)
     return MmencRun(t.wall, items, n, secs, load, counters["seconds"], float(meta["elapsed"]), t.peak_rss, t.rss,
                     t.others, cpu_path)
+
+
+def cpu_path_text(forward: dict[str, Any] | None) -> str:
+    """How an mmenc run's CPU forward ran, in words, from its task metadata's `forward`."""
+    if not forward or forward.get("streams") is None:
+        return ""
+    text = f"--cpu-forward {forward['mode']}: {forward['streams']} stream(s), {forward['linears']} linears"
+    return text + (f"; {forward['evidence']}" if forward.get("evidence") else "")
 
 
 def parse_marks(t: Timed, tag: str = "BENCH-MARK") -> list[tuple[float, int]]:

@@ -3,7 +3,7 @@
 vLLM accepts precomputed Qwen2-VL / Qwen2.5-VL image embeddings in place of the image itself
 (vLLM docs, docs/features/multimodal_inputs.md, "Embedding Inputs" -> "Image Embeddings", the
 Qwen2-VL variant; followed as of vLLM 0.11.1+, where the engine needs `enable_mm_embeds=True` /
-`--enable-mm-embeds`, and checked against the vLLM main-branch page at commit 01388347)::
+`--enable-mm-embeds`)::
 
     multi_modal_data = {"image": {"image_embeds": Tensor[tokens, hidden of LM],
                                   "image_grid_thw": Tensor[1, 3]}}   # (t, h, w), int64

@@ -7,7 +7,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Any, List, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -102,40 +102,18 @@ def slurm(
     lists them) with `sbatch --array=1,3 SCRIPT`: every task resumes where it stopped.
     Exit codes: 0 ok, 2 usage error, 3 output not writable or sbatch missing or failing.
     """
-    from ..slurm import SlurmOptions, build_sbatch_script, default_logs_dir, default_script_path, submit, write_script
+    from ..slurm import build_sbatch_script, submit
 
-    encode_args = list(ctx.meta.get(_ENCODE_ARGS, []))
+    o = dict(locals())
     with fatal_errors():
-        if model is None:
-            model = default_model()
-            echo_err(f"mmenc: warning: no --model: the job uses the bundled DEMO model {model}")
-        if Path(model).expanduser().exists():
-            model = os.path.abspath(Path(model).expanduser())
-        for m in manifests:
-            if not m.exists():
-                raise ConfigError(f"manifest {m} does not exist")
-        out_abs = Path(os.path.abspath(out.expanduser()))
-        logs_dir = Path(os.path.abspath(logs.expanduser())) if logs else default_logs_dir(out_abs)
-        opts = SlurmOptions(
-            manifests=tuple(os.path.abspath(m) for m in manifests), out=str(out_abs), model=model, tasks=tasks,
-            python=python or sys.executable, logs=str(logs_dir), job_name=job_name or _job_name(out_abs),
-            partition=partition, time=time_limit, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task,
-            mem=mem, signal_before=signal_before, requeue=requeue, sbatch_args=tuple(sbatch_arg or ()),
-            encode_args=tuple(encode_args), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        _check_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
-                                 "--task-count", str(tasks), "--task-index", "0", *encode_args])
+        opts = _options(ctx, o)
         text = build_sbatch_script(opts)
         if str(script) == "-":
             if do_submit:
                 raise ConfigError("--script - prints the script; it cannot also be submitted")
             typer.echo(text, nl=False)
             return
-        try:
-            path = Path(os.path.abspath(script.expanduser())) if script else default_script_path(out_abs)
-            logs_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create it: no log at all otherwise
-            write_script(path, text)
-        except OSError as exc:
-            raise OutputError(f"cannot write the script or the log folder: {exc}") from None
+        path = _write(opts, script, text)
     if not do_submit:
         typer.echo(str(path))
         echo_err(f"mmenc: wrote {path}; submit it with: sbatch {shlex.quote(str(path))}")
@@ -145,8 +123,51 @@ def slurm(
     except SubmitError as exc:
         raise fail(str(exc), exc.exit_code) from None
     typer.echo(job)
-    echo_err(f"mmenc: submitted {path} as job {job}, {tasks} tasks; logs in {logs_dir}; "
-             f"follow with: mmenc status {shlex.quote(str(out_abs))}")
+    echo_err(f"mmenc: submitted {path} as job {job}, {tasks} tasks; logs in {opts.logs}; "
+             f"follow with: mmenc status {shlex.quote(opts.out)}")
+
+
+def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
+    """The `SlurmOptions` of the command's parameters `o`, paths made absolute, the encode
+    options after `--` checked."""
+    from ..slurm import SlurmOptions, default_logs_dir
+
+    model = o["model"]
+    if model is None:
+        model = default_model()
+        echo_err(f"mmenc: warning: no --model: the job uses the bundled DEMO model {model}")
+    if Path(model).expanduser().exists():
+        model = os.path.abspath(Path(model).expanduser())
+    for m in o["manifests"]:
+        if not m.exists():
+            raise ConfigError(f"manifest {m} does not exist")
+    out_abs = Path(os.path.abspath(o["out"].expanduser()))
+    logs = o["logs"]
+    logs_dir = Path(os.path.abspath(logs.expanduser())) if logs else default_logs_dir(out_abs)
+    encode_args = list(ctx.meta.get(_ENCODE_ARGS, []))
+    opts = SlurmOptions(
+        manifests=tuple(os.path.abspath(m) for m in o["manifests"]), out=str(out_abs), model=model, tasks=o["tasks"],
+        python=o["python"] or sys.executable, logs=str(logs_dir), job_name=o["job_name"] or _job_name(out_abs),
+        partition=o["partition"], time=o["time_limit"], gpus_per_task=o["gpus_per_task"],
+        cpus_per_task=o["cpus_per_task"], mem=o["mem"], signal_before=o["signal_before"], requeue=o["requeue"],
+        sbatch_args=tuple(o["sbatch_arg"] or ()), encode_args=tuple(encode_args),
+        generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    _check_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
+                             "--task-count", str(opts.tasks), "--task-index", "0", *encode_args])
+    return opts
+
+
+def _write(opts: Any, script: Path | None, text: str) -> Path:
+    """Write the script (and make the log folder, which Slurm does not create: no log at all otherwise)."""
+    from ..slurm import default_script_path, write_script
+
+    try:
+        path = Path(os.path.abspath(script.expanduser())) if script else default_script_path(opts.out)
+        Path(opts.logs).mkdir(parents=True, exist_ok=True)
+        write_script(path, text)
+    except OSError as exc:
+        raise OutputError(f"cannot write the script or the log folder: {exc}") from None
+    return path
 
 
 def register(app: typer.Typer) -> None:

@@ -2,8 +2,8 @@
 
 oneDNN's packed, fused linears (`onednn.use_onednn_linears`) compute what PyTorch's own linears
 compute (float32, |diff| ~1e-6 relative), but which is faster depends on the CPU: on the MiniLM
-forward with two threads, +4-6% on an Intel Xeon with AVX-512 (2026-12-03), and 18% slower over
-a whole 10k-text run on an AVX2 AMD EPYC where MKL's sgemm runs near the core's peak (same day).
+forward with two threads, +4-6% on an Intel Xeon with AVX-512, and 18% slower over a whole
+10k-text run on an AVX2 AMD EPYC where MKL's sgemm runs near the core's peak.
 A choice fixed in the code is wrong on one of them, and a load-time micro-benchmark does not see
 what the run sees (batch shapes, kernel creation for each new shape, cache and allocator state).
 
@@ -16,7 +16,7 @@ the mean of both cancels the growth in length to first order). The path used is 
 median of the last `KEEP` scores favours, by more than `MARGIN`; otherwise the reference path
 (PyTorch's own), which the run starts on. At most one batch in `PERIOD` runs on the slower path
 once the early probes are done; where one path is clearly faster (oneDNN's linears took 0.73-0.90x
-PyTorch's time on an AMD EPYC Zen 4 with AVX-512, 2026-12-04), one in `MAX_PERIOD`, since each
+PyTorch's time on an AMD EPYC Zen 4 with AVX-512), one in `MAX_PERIOD`, since each
 probe there costs the difference.
 
 Pure Python (no torch): the caller sets the flag the patched layers read from `on`.

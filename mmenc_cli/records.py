@@ -47,11 +47,3 @@ class Item:
 
     row: ManifestRow
     modality: str
-
-
-@dataclass(slots=True)
-class Failure:
-    """One item that failed, with the `MMError` saying where and why."""
-
-    item: Item
-    error: MMError

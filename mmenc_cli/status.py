@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .idset import hash_many
 from .errors import OutputError
+from .idset import hash_many
 from .locks import TaskLock
 from .outdir import OutDir, iter_shard_keys, parse_shard_name, read_json
 

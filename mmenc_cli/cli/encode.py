@@ -75,8 +75,7 @@ class Signals:
 
 def build_config(o: dict[str, Any]) -> Any:
     """The `RunConfig` of the encode options `o` (the command's parameters by name)."""
-    from ..config import (BatchConfig, ConfigError, ManifestConfig, MediaConfig, ModelConfig, RunConfig,
-                          WriterConfig)
+    from ..config import BatchConfig, ConfigError, ManifestConfig, MediaConfig, ModelConfig, RunConfig, WriterConfig
 
     for m in o["manifests"]:
         if not m.exists():
@@ -92,7 +91,7 @@ def build_config(o: dict[str, Any]) -> Any:
                                  "max_length", "trust_remote_code", "allow_pickle_weights", "compile", "cpu_forward")),
         writer=WriterConfig(out=str(o["out"]), **pick("format", "out_dtype", "shard_size")),
         manifest=ManifestConfig(keep=tuple(o["keep"] or ()), **pick("id_key", "image_key", "text_key", "limit",
-                                                                      "csv_multiline")),
+                                                                    "csv_multiline")),
         media=MediaConfig(**pick("max_image_pixels", "max_file_bytes", "fetch_timeout", "fetch_retries")),
         batch=BatchConfig(**pick("batch_size", "max_batch_tokens", "workers")),
         modalities=mods, task_index=index, task_count=count,

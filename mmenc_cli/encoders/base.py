@@ -14,8 +14,8 @@ capability the run uses is declared on `Encoder`, the base class all adapters de
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from ..errors import MMError

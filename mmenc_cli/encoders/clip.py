@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..config import ModelConfig
 
+
 class DualTowerEncoder(HFEncoder):
     """CLIP, SigLIP and SigLIP 2: `get_image_features` / `get_text_features` (projected, pooled).
 

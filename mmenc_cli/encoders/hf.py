@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["HFEncoder", "Inputs", "TokenizedText", "keep_accepted", "pooled"]
 
+
 def keep_accepted(fn: Callable[..., Any]) -> Callable[[Inputs], Inputs]:
     """A filter keeping only the inputs `fn` names: tokenizers return extras (token_type_ids) that
     some models' feature functions would reject."""

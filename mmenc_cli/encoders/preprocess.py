@@ -143,7 +143,7 @@ def plan_image_input(processor: Any) -> tuple[ImagePreprocessor, np.ndarray | No
     fixed = edge = None
     if processor.do_resize:
         others = [getattr(size, k, None) for k in ("longest_edge", "max_height", "max_width",
-                                                    "min_pixels", "max_pixels")]
+                                                   "min_pixels", "max_pixels")]
         if any(v is not None for v in others):
             return ProcessorPreprocessor(processor), None
         if size.shortest_edge:

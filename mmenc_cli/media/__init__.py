@@ -33,8 +33,18 @@ from PIL import Image
 from ..config import MediaConfig
 from . import http
 from .decode import configure_pillow, decode_image
-from .sources import (SCHEME, SUPPORTED_SOURCES, Source, check_payload, data_uri_bytes, describe_source,
-                      file_url_path, guard, load_error, read_file)
+from .sources import (
+    SCHEME,
+    SUPPORTED_SOURCES,
+    Source,
+    check_payload,
+    data_uri_bytes,
+    describe_source,
+    file_url_path,
+    guard,
+    load_error,
+    read_file,
+)
 
 __all__ = ["configure_pillow", "describe_source", "load_image"]
 
@@ -47,19 +57,19 @@ def load_image(source: Source, base_dir: str, cfg: MediaConfig, *,
     `BACKOFF_BASE_S` (tests use a tiny one). Every failure is an `MMError` (see module docstring).
     """
     data, content_type = guard("load", load_bytes, source, base_dir, cfg,
-                                http.BACKOFF_BASE_S if backoff is None else backoff)
+                               http.BACKOFF_BASE_S if backoff is None else backoff)
     return guard("decode", decode_image, data, cfg, content_type)
 
 
 def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,
-                backoff: float) -> tuple[bytes, str | None]:
+               backoff: float) -> tuple[bytes, str | None]:
     """The raw bytes of `source` and, where known, their declared media type."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return check_payload(bytes(source), cfg, "inline image bytes"), None
     if not isinstance(source, str) or not source.strip():
         got = "an empty string" if isinstance(source, str) else type(source).__name__
         raise load_error(f"the image field must be a path, URL, data URI or bytes, got {got}",
-                          "media.invalid_source")
+                         "media.invalid_source")
     if source[:5].lower() == "data:":
         return data_uri_bytes(source, cfg)
     match = SCHEME.match(source)
@@ -72,4 +82,4 @@ def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,
     if scheme in ("http", "https"):
         return http.fetch(source, cfg, backoff)
     raise load_error(f"unsupported URL scheme {scheme}://; supported: {SUPPORTED_SOURCES}",
-                      "media.unsupported_scheme")
+                     "media.unsupported_scheme")

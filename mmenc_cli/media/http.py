@@ -57,7 +57,7 @@ class _RedirectHandler(urllib.request.HTTPRedirectHandler):
         if scheme not in ("http", "https"):
             fp.close()
             raise load_error(f"redirected to unsupported URL scheme {scheme}://; supported: "
-                              f"{SUPPORTED_SOURCES}", "media.unsupported_scheme")
+                             f"{SUPPORTED_SOURCES}", "media.unsupported_scheme")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
@@ -121,7 +121,7 @@ def _fetch_once(url: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
         raise load_error(f"invalid URL {shown}: {exc}", "media.invalid_source", exc) from exc
     if expected is not None and len(data) < expected:
         raise Transient(load_error(f"connection closed after {len(data)} of {expected} bytes "
-                                     f"from {shown}", "remote.unavailable"))
+                                   f"from {shown}", "remote.unavailable"))
     return check_payload(data, cfg, shown), content_type
 
 
@@ -179,7 +179,7 @@ def _network_error(exc: BaseException | str, shown: str, cfg: MediaConfig) -> Tr
     what = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, TimeoutError):
         return Transient(load_error(f"timed out after {cfg.fetch_timeout:g}s fetching {shown}: "
-                                      f"{exc}", "remote.timeout", exc))
+                                    f"{exc}", "remote.timeout", exc))
     if isinstance(exc, ssl.SSLCertVerificationError):  # retrying cannot fix a bad certificate
         return load_error(f"TLS certificate of {shown} rejected: {exc}", "remote.unavailable", exc)
     if isinstance(exc, (OSError, http.client.HTTPException)):

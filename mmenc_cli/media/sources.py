@@ -76,7 +76,7 @@ def check_size(size: int, cfg: MediaConfig, what: str) -> None:
     """Refuse a payload over --max-file-bytes before (or while) reading it."""
     if size > cfg.max_file_bytes:
         raise load_error(f"{what} is larger than --max-file-bytes ({size} > {cfg.max_file_bytes})",
-                          "media.file_too_large")
+                         "media.file_too_large")
 
 
 def check_payload(data: bytes, cfg: MediaConfig, what: str) -> bytes:
@@ -124,7 +124,7 @@ def file_url_path(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.netloc not in ("", "localhost"):
         raise load_error(f"file:// URL names another host ({parts.netloc}); use file:///path",
-                          "media.invalid_source")
+                         "media.invalid_source")
     path = urllib.parse.unquote(parts.path)
     if not path:
         raise load_error(f"file:// URL has no path: {url}", "media.invalid_source")
@@ -141,11 +141,11 @@ def data_uri_bytes(uri: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
     is_base64 = any(p.lower() == "base64" for p in params[1:])
     if media_type and not re.fullmatch(r"[\w.+-]+/[\w.+-]+", media_type):
         raise load_error(f"malformed data URI: media type {params[0]!r} is not type/subtype",
-                          "media.bad_data_uri")
+                         "media.bad_data_uri")
     # An untyped or octet-stream payload is sniffed by Pillow: many producers write data:;base64,
     if media_type and not media_type.startswith("image/") and media_type != "application/octet-stream":
         raise load_error(f"data URI media type {media_type} is not an image",
-                          "media.unsupported_format")
+                         "media.unsupported_format")
     if not payload.strip():
         raise load_error("data URI has no data", "media.empty")
     check_size(len(payload) * 3 // 4 if is_base64 else len(payload), cfg, "data URI payload")

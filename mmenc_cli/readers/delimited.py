@@ -7,9 +7,10 @@ from typing import IO, Any, Iterator
 
 from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
-from .lines import BOM, Raw, sync
 from .formats import Source
+from .lines import BOM, Raw, sync
 from .validate import check_columns
+
 
 class LineFeed:
     """Decoded lines for csv.reader, remembering where the next line starts and how many lines the
@@ -62,7 +63,7 @@ def csv_header(reader: Any, path: str, cfg: ManifestConfig | None) -> list[str] 
 
 
 def csv_parse(reader: Any, feed: LineFeed,
-               end: int) -> Iterator[tuple[int, int | None, list[str] | None, MMError | None]]:
+              end: int) -> Iterator[tuple[int, int | None, list[str] | None, MMError | None]]:
     """(start, line, fields, error) for each non-blank record starting before byte `end`. The
     feed's counters describe the record just yielded until the generator is resumed."""
     while feed.pos < end:
@@ -81,7 +82,7 @@ def csv_parse(reader: Any, feed: LineFeed,
 
 
 def csv_record(header: list[str], fields: list[str] | None, error: MMError | None,
-                feed: LineFeed) -> tuple[dict[str, Any] | None, MMError | None]:
+               feed: LineFeed) -> tuple[dict[str, Any] | None, MMError | None]:
     """A CSV record as a dict (an empty cell is null), or why it is not a row."""
     if error is not None:
         return None, error

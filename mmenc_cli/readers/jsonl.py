@@ -10,6 +10,7 @@ from ..errors import ManifestError, MMError
 from .lines import BOM, Raw, open_text, sync
 from .validate import kind
 
+
 def decode_json(raw: bytes) -> tuple[dict[str, Any] | None, MMError | None]:
     """One JSONL line as a JSON object, or the read error."""
     try:
@@ -24,7 +25,7 @@ def decode_json(raw: bytes) -> tuple[dict[str, Any] | None, MMError | None]:
 
 
 def jsonl_records(path: str, a: int, b: int | None,
-                   pick: tuple[int, int] | None = None) -> Iterator[Raw]:
+                  pick: tuple[int, int] | None = None) -> Iterator[Raw]:
     """JSON lines starting in [a, b) (b None: to the end); `pick` = (i, k) keeps rows n % k == i."""
     with open_text(path) as fh:
         pos, line = sync(fh, a)

@@ -6,8 +6,8 @@ from typing import Any, Iterator
 
 from ..config import ManifestConfig
 from ..errors import ManifestError
-from .lines import Raw
 from .formats import Source
+from .lines import Raw
 from .validate import check_columns
 
 PARQUET_BATCH = 256  # rows converted to Python at once: inline images make rows large

@@ -45,11 +45,11 @@ from ..config import ManifestConfig
 from ..errors import ManifestError
 from ..records import InvalidRow, ManifestRow
 from .delimited import csv_records
-from .formats import detect_format
+from .formats import Source, detect_format
 from .jsonl import jsonl_records
 from .parquet import parquet_records
-from .formats import Source
 from .validate import to_row
+
 
 def plan(manifests: Sequence[str]) -> list[Source]:
     """Check every manifest and lay them out in the virtual byte space."""
@@ -72,7 +72,7 @@ def plan(manifests: Sequence[str]) -> list[Source]:
 
 
 def iter_slice(sources: list[Source], cfg: ManifestConfig, task_index: int,
-                task_count: int) -> Iterator[ManifestRow | InvalidRow]:
+               task_count: int) -> Iterator[ManifestRow | InvalidRow]:
     """Rows of every source within this task's byte range, up to cfg.limit."""
     if cfg.limit == 0:
         return

@@ -25,7 +25,7 @@ def check_columns(names: Sequence[str], path: str, cfg: ManifestConfig) -> None:
 
 
 def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | None,
-            error: MMError | None, cfg: ManifestConfig) -> ManifestRow | InvalidRow:
+           error: MMError | None, cfg: ManifestConfig) -> ManifestRow | InvalidRow:
     """Validate one record into a ManifestRow, or an InvalidRow saying which key is wrong."""
     row_id = _valid_id(record, cfg.id_key)
     if error is not None:

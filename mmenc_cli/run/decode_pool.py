@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import multiprocessing as mp
+import os
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool

@@ -51,5 +51,5 @@ class ParquetShardWriter:
         # page, ~25% of the write's CPU for nothing (10k x 384 float32: 67 -> 49 ms, 4% smaller)
         strings = ["id", "modality", *self.keep]
         tmp = write_tmp(self.out, name, lambda p: pq.write_table(table, p, compression="zstd",
-                                                                use_dictionary=strings))
+                                                                 use_dictionary=strings))
         return self.out.commit(tmp, name)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..forward import PlainForward
 from .onednn import cpu_path_choice, use_onednn_linears
-from .streams import set_streams, StreamedForward
+from .streams import StreamedForward, set_streams
 
 __all__ = ["make_forward"]
 

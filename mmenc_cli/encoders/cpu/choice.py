@@ -112,8 +112,8 @@ class PathChoice:
         choice = median < 1.0 - MARGIN
         if choice != self.choice:
             log.debug("CPU forward: %s takes %.2fx the time of PyTorch's own path (median of the last %d "
-                     "probes): switching to %s", self.name, median, len(self.scores),
-                     self.name if choice else "PyTorch's own path")
+                      "probes): switching to %s", self.name, median, len(self.scores),
+                      self.name if choice else "PyTorch's own path")
         self.choice = choice
 
     def summary(self) -> str:

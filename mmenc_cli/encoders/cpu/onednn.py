@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("mmenc")
 
+
 def _onednn_on(module: Any) -> bool:
     """Whether a patched layer or block takes oneDNN's path for the batch in flight (its model's
     `PathChoice` says; a layer not yet given one, during the load-time checks, does)."""
@@ -71,6 +72,7 @@ def _linear_add(linear: Any, x: "torch.Tensor", residual: "torch.Tensor") -> "to
 
 def _gelu_block(first: str, second: str | None, algorithm: str) -> Callable[..., "torch.Tensor"]:
     """A block computing `act(first(x))` (then `second(...)`), the activation a GELU."""
+
     def forward(self: Any, hidden_states: "torch.Tensor", *args: Any, **kwargs: Any) -> "torch.Tensor":
         if not _onednn_on(self):
             return type(self).forward(self, hidden_states, *args, **kwargs)
@@ -81,6 +83,7 @@ def _gelu_block(first: str, second: str | None, algorithm: str) -> Callable[...,
 
 def _residual_block(norm: bool) -> Callable[..., "torch.Tensor"]:
     """A block computing `dense(x) + input_tensor` (then its `LayerNorm` when `norm`)."""
+
     def forward(self: Any, hidden_states: "torch.Tensor", input_tensor: "torch.Tensor") -> "torch.Tensor":
         if not _onednn_on(self):
             return type(self).forward(self, hidden_states, input_tensor)

@@ -182,9 +182,10 @@ class OutDir:
     def clean_tmp(self, task: int) -> int:
         """Remove this task's leftover temp shards (a killed run's); other tasks' are untouched."""
         removed = 0
-        for path in (self.meta / "tmp").glob(f".part-t{task:05d}-*"):
-            path.unlink(missing_ok=True)
-            removed += 1
+        for prefix in ("", "sidecars-", "index-"):  # shards, and the side files written before them
+            for path in (self.meta / "tmp").glob(f".{prefix}part-t{task:05d}-*"):
+                path.unlink(missing_ok=True)
+                removed += 1
         for folder in ("sidecars", "index"):  # safetensors sidecars, token-shard indexes
             for side in (self.meta / folder).glob(f"part-t{task:05d}-*.parquet"):
                 if not any((self.root / (side.stem + ext)).exists() for ext in SHARD_EXTS):
@@ -210,11 +211,16 @@ class OutDir:
                 if p and p.task == task and p.worker == worker]
         return max(seqs) + 1 if seqs else 0
 
+    def check_new(self, name: str) -> None:
+        """Refuse a shard name already committed (two processes sharing a task and worker), before
+        anything of the new shard (a sidecar, an index) is written."""
+        if (self.root / name).exists():
+            raise OutputError(f"shard {name} already exists: two processes share a task and worker")
+
     def commit(self, tmp: Path, name: str) -> Path:
         """Make a fully written, fsynced temp file visible under its final name (atomic rename)."""
+        self.check_new(name)
         final = self.root / name
-        if final.exists():
-            raise OutputError(f"shard {name} already exists: two processes share a task and worker")
         os.replace(tmp, final)
         fsync_dir(self.root)
         return final

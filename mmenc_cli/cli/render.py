@@ -26,13 +26,25 @@ CODE_WORDS = {400: "bad input", 403: "forbidden", 404: "not found", 409: "duplic
               504: "timed out", 507: "out of memory"}
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a line is logged (a test runner or an application
+    embedding the CLI may swap it between commands)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def setup_logging(verbose: bool = False) -> None:
-    """Log lines on stderr; DEBUG with --verbose."""
-    if log.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s mmenc %(levelname)s: %(message)s", "%H:%M:%S"))
-    log.addHandler(handler)
+    """Log lines on stderr; DEBUG with --verbose (set again by every command)."""
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s mmenc %(levelname)s: %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     log.propagate = False
 

@@ -32,6 +32,7 @@ class SafetensorsShardWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        self.out.check_new(name)  # before the sidecar: a refused shard must not replace another's
         rows: list[int] = []
         per_mod: dict[str, list[np.ndarray]] = {}
         for modality, vector in zip(data.modalities, data.vectors):

@@ -76,6 +76,7 @@ class TokenShardWriter:
 
         from .safetensors import save_tensors
 
+        self.out.check_new(name)  # before the index: a refused shard must not replace another's
         for v in data.vectors:
             if v.ndim != 2 or v.shape[1] != self.dim:
                 raise ValueError(f"token embedding of shape {v.shape}, expected [tokens, {self.dim}]")

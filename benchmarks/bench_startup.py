@@ -39,7 +39,7 @@ def build_out() -> Path:
     from mmenc_cli.run.pipeline import run_encode
     from tests.conftest import make_image, write_jsonl
     from tests.fakes import FakeEncoder, factory
-    from tests.test_pipeline import make_cfg
+    from tests.runs import make_cfg
 
     root = common.CACHE / "work-startup"
     shutil.rmtree(root, ignore_errors=True)

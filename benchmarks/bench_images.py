@@ -203,7 +203,7 @@ def main() -> None:
         if v not in med:
             continue
         c = sorted(results[v], key=lambda r: r["n"] / r["loop"])[len(results[v]) // 2]
-        print(f"  {v} seconds per stage (median run): model load {c['load']}, read {c['seconds']['read']:.2f}, "
+        print(f"  {v} seconds per stage (median run): model load {c['load'] or 0:.1f}, read {c['seconds']['read']:.2f}, "
               f"decode {c['seconds']['decode']:.2f} (summed over workers), encode {c['seconds']['encode']:.2f}, "
               f"write {c['seconds']['write']:.2f}, run {c['elapsed']:.2f}; forward busy {c['busy']:.0%} of the loop")
         for r in results[v]:

@@ -1,6 +1,12 @@
 """Peak memory of `mmenc encode` for a small and a large text manifest: flat, not per row.
 
     python benchmarks/bench_memory.py [--rows 10000,1000000] [--batch-size 256] [--runs 1]
+    python benchmarks/bench_memory.py --huge-line 300
+
+With `--huge-line MB` it compares three manifests of 10,000 rows instead: as they are, with one
+line of MB megabytes in the middle (over --max-row-bytes: one 413 row, read past without being
+held), and with one 30 MB text (under the row limit: cut before tokenizing). Target: each peak
+within 1.5x the plain manifest's.
 
 Model: the tests' tiny sentence-transformers model (BERT hidden 32, 2 layers, random weights;
 `tests/modelfactory.make_tiny_st`), so the run is dominated by mmenc's own per-row work. Each
@@ -13,6 +19,7 @@ is reported per manifest with the difference to the smallest. Target: within 100
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -44,7 +51,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--runs", type=int, default=1, help="runs per size (the median peak is reported)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--huge-line", type=int, default=None, metavar="MB", help="compare runs with one huge line")
     args = ap.parse_args()
+    if args.huge_line:
+        return huge_line(args)
     sizes = [int(s) for s in args.rows.split(",")]
     print(common.machine(args.device), flush=True)
     model = common.make_tiny_st()
@@ -75,6 +85,41 @@ def main() -> None:
         print(f"  {n:>9,} rows: {peaks[n]:7.1f} MiB  ({peaks[n] - peaks[base]:+.1f} MiB vs {base:,} rows)")
     worst = max(peaks.values()) - min(peaks.values())
     print(f"spread {worst:.1f} MiB: target within 100 MB: {'met' if worst * 2**20 <= 100e6 else 'NOT met'}")
+
+
+def with_line(path: Path, n: int, line: bytes) -> Path:
+    """`n` ordinary rows with `line` in the middle, written without building it twice in memory."""
+    if not path.is_file():
+        with open(path, "wb") as fh:
+            for i, row in enumerate(rows(n)):
+                if i == n // 2:
+                    fh.write(line)
+                fh.write(json.dumps(row).encode() + b"\n")
+    return path
+
+
+def huge_line(args: argparse.Namespace) -> None:
+    """Peak RSS with one huge line, or one huge text, against the same rows without it."""
+    print(common.machine(args.device), flush=True)
+    model, work, n = common.make_tiny_st(), common.CACHE / "work-memory", 10_000
+    big = b'{"id": "huge", "text": "' + b"a cat on a mat " * (args.huge_line * (1 << 20) // 15) + b'"}\n'
+    text = b'{"id": "long", "text": "' + b"a cat on a mat " * (30 * (1 << 20) // 15) + b'"}\n'
+    manifests = {"plain": with_line(work / f"rows-{n}-plain.jsonl", n, b""),
+                 f"one {args.huge_line} MB line": with_line(work / f"rows-{n}-huge-{args.huge_line}.jsonl", n, big),
+                 "one 30 MB text": with_line(work / f"rows-{n}-text-30.jsonl", n, text)}
+    del big, text
+    peaks = {}
+    for name, manifest in manifests.items():
+        r, note = common.quiet_run(lambda: common.run_mmenc(
+            [str(manifest), "--model", str(model), "--modality", "text", "--batch-size", str(args.batch_size),
+             "--device", args.device], work / "out", sample_rss=0.05), lambda r: r.others, retries=0)
+        peaks[name] = r.peak_rss / 2**20
+        print(f"  {name:>20}: peak RSS {peaks[name]:7.1f} MiB, {r.items} encoded, wall {r.wall:.1f} s; {note}",
+              flush=True)
+    for name, peak in peaks.items():
+        ratio = peak / peaks["plain"]
+        print(f"  {name} / plain: {ratio:.2f}x" + ("" if name == "plain" else
+                                                  f"; target <= 1.5x: {'met' if ratio <= 1.5 else 'NOT met'}"))
 
 
 if __name__ == "__main__":

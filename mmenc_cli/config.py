@@ -18,6 +18,8 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 OUT_DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("parquet", "safetensors")
 CPU_FORWARDS = ("auto", "plain", "onednn")
+#: a manifest line (or CSV record) larger than this is one 413 error row, read past, never loaded
+DEFAULT_MAX_ROW_BYTES = 32 * 1024 * 1024
 RESERVED_COLUMNS = frozenset({"id", "modality", "embedding"})
 
 
@@ -31,10 +33,13 @@ class ManifestConfig:
     keep: tuple[str, ...] = ()
     limit: int | None = None
     csv_multiline: bool = False  # CSV quoted fields may span lines: tasks parse from the top (exact, slower)
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 0:
             raise ConfigError("--limit must be >= 0")
+        if self.max_row_bytes <= 0:
+            raise ConfigError("--max-row-bytes must be > 0")
         bad = RESERVED_COLUMNS.intersection(self.keep)
         if bad:
             raise ConfigError(f"--keep cannot name reserved column(s): {', '.join(sorted(bad))}")
@@ -50,10 +55,13 @@ class MediaConfig:
     max_file_bytes: int = 64 * 1024 * 1024
     fetch_timeout: float = 20.0
     fetch_retries: int = 3
+    decode_timeout: float = 60.0  # reading, decoding, preprocessing one image; fetching has its own
 
     def __post_init__(self) -> None:
         if self.max_image_pixels <= 0 or self.max_file_bytes <= 0:
             raise ConfigError("--max-image-pixels and --max-file-bytes must be > 0")
+        if self.decode_timeout <= 0:
+            raise ConfigError("--decode-timeout must be > 0")
         if self.fetch_timeout <= 0 or self.fetch_retries < 0:
             raise ConfigError("--fetch-timeout must be > 0 and --fetch-retries >= 0")
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import re
 
 STAGES = ("read", "validate", "load", "decode", "preprocess", "encode", "write")
 
@@ -52,6 +53,7 @@ REASONS: dict[str, tuple[int, str]] = {
     "manifest.invalid_type": (400, "a field has the wrong type (id not str/int, text not str, ...)"),
     "manifest.empty_row": (400, "the row has neither an image nor a text"),
     "manifest.duplicate_id": (409, "the id was already used in this output"),
+    "manifest.row_too_large": (413, "the manifest line or CSV record exceeds --max-row-bytes"),
     "media.not_found": (404, "the image file does not exist"),
     "media.permission_denied": (403, "the image file or URL is not readable for us"),
     "media.is_directory": (400, "a directory where an image file should be"),
@@ -70,6 +72,7 @@ REASONS: dict[str, tuple[int, str]] = {
     "remote.client_error": (400, "the remote server answered another 4xx"),
     "remote.unavailable": (503, "refused, DNS failure, 429 or 5xx after all retries"),
     "remote.timeout": (504, "the fetch timed out after all retries"),
+    "media.timeout": (504, "loading and decoding the image passed its deadline (its worker was replaced)"),
     "text.empty": (422, "the text is empty after stripping"),
     "preprocess.failed": (500, "the model's processor or tokenizer failed on this item"),
     "preprocess.unsupported_shape": (422, "the image's shape is one the model's processor refuses (aspect ratio > 200)"),
@@ -113,6 +116,15 @@ class MMError(Exception):
 
     def __repr__(self) -> str:
         return f"MMError({self.code} {self.reason} at {self.stage}: {self.message})"
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates (not valid Unicode: from a manifest's JSON escapes, or a file
+    name's undecodable bytes) written as `\\udXXX`, so it can be printed and encoded as UTF-8."""
+    return _SURROGATES.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def trim_message(message: str, limit: int = 500) -> str:

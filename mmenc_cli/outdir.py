@@ -8,6 +8,7 @@ readers pointed at OUT see only embeddings::
       _mmenc/
         run.json                           fingerprint + config of the output (written once)
         tasks/task-00000.json              per task: state, counts, timings, versions (last run)
+        tasks/shards-t00000-w00.jsonl      the shards each task and worker committed
         errors/errors-t00000-w00.jsonl     error reports, one per task and worker, append-only
         sidecars/part-....parquet          ids + kept fields of safetensors shards
         index/part-....parquet             ids, grids, sizes + kept fields of token shards
@@ -85,12 +86,16 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temp name beside `path`, fsync, rename: readers see old or new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True, default=str)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -101,6 +106,12 @@ def read_json(path: Path) -> Any | None:
             return json.load(fh)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def metadata_fault(path: Path, exc: OSError) -> OutputError:
+    """The run-level error of metadata the output could not take (disk full, read-only, ...)."""
+    return OutputError(f"cannot write {path}: {exc.strerror or exc}; free the space or fix the permissions, "
+                       "then run the same command")
 
 
 class OutDir:
@@ -149,6 +160,13 @@ class OutDir:
 
     def task_meta_paths(self) -> list[Path]:
         return sorted((self.meta / "tasks").glob("task-*.json"))
+
+    def shard_log_path(self, task: int, worker: int) -> Path:
+        """The log of the shards a (task, worker) committed (`shardlog.py`)."""
+        return self.meta / "tasks" / f"shards-t{task:05d}-w{worker:02d}.jsonl"
+
+    def shard_log_paths(self) -> list[Path]:
+        return sorted((self.meta / "tasks").glob("shards-t*-w*.jsonl"))
 
     # ---- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -232,21 +250,27 @@ class OutDir:
     def create_run_meta(self, data: dict[str, Any]) -> bool:
         """Create run.json unless it exists (atomically: concurrent tasks race safely); True if created."""
         tmp = self.meta / f".run.json.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        write_json_atomic(tmp, data)
         try:
-            os.link(tmp, self.run_meta_path)  # fails if another process created it first
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
-            fsync_dir(self.meta)
+            write_json_atomic(tmp, data)
+            try:
+                os.link(tmp, self.run_meta_path)  # fails if another process created it first
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                tmp.unlink(missing_ok=True)
+                fsync_dir(self.meta)
+        except OSError as exc:
+            raise metadata_fault(self.run_meta_path, exc) from exc
 
     def read_task_metas(self) -> list[dict[str, Any]]:
         return [m for m in (read_json(p) for p in self.task_meta_paths()) if isinstance(m, dict)]
 
     def write_task_meta(self, task: int, data: dict[str, Any]) -> None:
-        write_json_atomic(self.task_meta_path(task), data)
+        try:
+            write_json_atomic(self.task_meta_path(task), data)
+        except OSError as exc:
+            raise metadata_fault(self.task_meta_path(task), exc) from exc
 
     # ---- locking ------------------------------------------------------------------------
     def lock(self, task: int, wait: bool = False, poll: float = 1.0, stop: Any = None) -> "TaskLock":
@@ -256,8 +280,10 @@ class OutDir:
         return lock
 
 
-def iter_shard_keys(out: OutDir) -> Iterator[tuple[Path, list[str], list[str]]]:
-    """Yield (shard, ids, modalities) of every committed shard, reading only those columns."""
+def iter_shard_keys(out: OutDir, damaged: list[str] | None = None) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """Yield (shard, ids, modalities) of every committed shard, reading only those columns. A
+    shard that cannot be read (truncated, foreign) raises `OutputError` naming it, or with
+    `damaged` given is named there and skipped."""
     import pyarrow.parquet as pq
 
     for shard in out.shards():
@@ -265,5 +291,19 @@ def iter_shard_keys(out: OutDir) -> Iterator[tuple[Path, list[str], list[str]]]:
         index = out.index_path(shard.name)  # token shards (writers/tokens.py)
         if shard.suffix != ".parquet" and index.exists():
             source = index
-        table = pq.read_table(source, columns=["id", "modality"])
+        try:
+            table = pq.read_table(source, columns=["id", "modality"])
+        except Exception as exc:  # pyarrow raises several types for a damaged or foreign file
+            problem = damaged_shard(shard, exc)
+            if damaged is None:
+                raise OutputError(problem) from None
+            damaged.append(problem)
+            continue
         yield shard, table.column("id").to_pylist(), table.column("modality").to_pylist()
+
+
+def damaged_shard(shard: Path, exc: BaseException) -> str:
+    """What to say about a shard that cannot be read, and what to do."""
+    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return (f"shard {shard} cannot be read ({text}): it is damaged or not mmenc's; delete it and re-run its "
+            "task to encode its items again, or start over with --overwrite")

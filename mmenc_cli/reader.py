@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .damage import output_problems
 from .outdir import OutDir, parse_shard_name
 
 
@@ -129,16 +130,19 @@ def inspect_output(out: str | Path) -> InspectReport:
     """Read every shard, check it is readable and agrees with the run metadata."""
     od = OutDir(out)
     report = InspectReport()
-    run = od.read_run_meta() or {}
-    facts = run.get("facts", {})
+    run = od.read_run_meta()
+    run = run if isinstance(run, dict) else {}
+    facts = run.get("facts") or {}
     report.dim, report.model = facts.get("dim"), facts.get("model")
     report.revision, report.dtype = facts.get("revision"), facts.get("out_dtype")
     report.format = (run.get("config", {}).get("writer") or {}).get("format")
     if not od.root.is_dir():
         report.problems.append(f"{od.root}: no such folder")
         return report
-    if not run:
+    exists = od.run_meta_path.exists()
+    if not exists:
         report.problems.append(f"{od.run_meta_path}: missing run metadata (not an mmenc output?)")
+    report.problems += [p for p in output_problems(od) if exists or not p.startswith(str(od.run_meta_path))]
     for shard in od.shards():
         entry: dict[str, Any] = {"name": shard.name, "rows": 0, "ok": True}
         try:

@@ -43,7 +43,8 @@ class InvalidRow:
 
 @dataclass(slots=True)
 class Item:
-    """One (row, modality) to encode."""
+    """One (row, modality) to encode; `cut`: its text was cut before tokenizing (counted as truncated)."""
 
     row: ManifestRow
     modality: str
+    cut: bool = False

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .errors import MMError, trim_message
+from .errors import MMError, OutputError, printable, trim_message
 from .idset import HashSet64, id_hash
 from .outdir import OutDir, iter_shard_keys
 from .readers import read_raw_row
@@ -42,7 +42,7 @@ class ErrorRecord:
     attempt: int = 1
     time: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     task: int = 0
-    status: str = "failed"  # "failed", or "resolved" for a marker written when a retry succeeded
+    status: str = "failed"  # "failed", or "resolved": a marker that a manifest line invalid before is a row now
 
     @classmethod
     def from_error(cls, err: MMError, *, id: str | None, manifest: str | None, line: int | None,
@@ -53,62 +53,144 @@ class ErrorRecord:
                    stage=err.stage, code=err.code, reason=err.reason, error=err.error,
                    message=trim_message(err.message), source=source, attempt=attempt, task=task)
 
+    @classmethod
+    def resolved(cls, *, id: str, manifest: str, line: int | None, offset: int | None, task: int) -> "ErrorRecord":
+        """A marker: the manifest line at (manifest, offset), invalid in an earlier run, is a valid
+        row now; the errors commands no longer count the earlier failure."""
+        return cls(id=id, manifest=manifest, line=line, offset=offset, modality=None, stage="read", code=0,
+                   reason="resolved", error="", message="this manifest line is a valid row now", task=task,
+                   status="resolved")
+
     def to_json(self) -> str:
         """One JSON line (no trailing newline)."""
         return json.dumps(asdict(self))  # ASCII: lone surrogates round-trip
 
 
 class ErrorReportWriter:
-    """Append-only JSON-lines writer for one (task, worker). Flushes every row so a kill loses none."""
+    """Append-only JSON-lines writer for one (task, worker). Flushes every row so a kill loses none.
+
+    A torn last line (a writer killed, or out of space, in the middle of a row) is cut off when
+    the report is opened again, so the next row never joins it. A failed write is a fault of the
+    output (`OutputError`): the run ends.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(path, "a", encoding="utf-8")
         self.count = 0
+        self.broken = False
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            cut_torn_tail(path)
+            self._fh = open(path, "ab")
+        except OSError as exc:
+            raise self._fault(exc) from exc
+
+    def _fault(self, exc: OSError) -> OutputError:
+        self.broken = True
+        return OutputError(f"cannot write the error report {self.path}: {exc.strerror or exc}; "
+                           "free the space or fix the permissions, then run the same command")
 
     def write(self, record: ErrorRecord) -> None:
         """Append one row and flush it to the OS."""
-        self._fh.write(record.to_json() + "\n")
-        self._fh.flush()
+        if self.broken:
+            raise OutputError(f"the error report {self.path} could not be written earlier")
+        try:
+            self._fh.write((record.to_json() + "\n").encode("ascii"))
+            self._fh.flush()
+        except OSError as exc:
+            raise self._fault(exc) from exc
         self.count += 1
 
     def sync(self) -> None:
         """fsync the report (at shard commits and at the end of the run)."""
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        if self.broken:
+            return
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            raise self._fault(exc) from exc
 
     def close(self) -> None:
-        """Flush, fsync and close."""
-        if not self._fh.closed:
+        """Flush, fsync and close (after a fault, just close)."""
+        if self._fh.closed:
+            return
+        try:
             self.sync()
-            self._fh.close()
+        finally:
+            try:
+                self._fh.close()
+            except OSError:  # the fault was raised already
+                pass
 
     def __enter__(self) -> "ErrorReportWriter":
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if exc[0] is not None:  # do not hide the error that ends the run behind a second one
+            try:
+                self.close()
+            except OutputError:
+                pass
+            return
         self.close()
 
 
-def iter_error_records(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
-    """Read raw report rows from many report files; a torn last line (killed writer) is skipped."""
+def cut_torn_tail(path: Path) -> int:
+    """Cut a last line that has no newline (a row the writer could not finish) off a report;
+    return the bytes removed."""
+    try:
+        fh = open(path, "r+b")
+    except FileNotFoundError:
+        return 0
+    with fh:
+        size = fh.seek(0, os.SEEK_END)
+        end, keep = size, size
+        while end > 0:
+            start = max(0, end - (1 << 16))
+            fh.seek(start)
+            chunk = fh.read(end - start)
+            if end == size and chunk.endswith(b"\n"):
+                return 0
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end, keep = start, 0
+        fh.truncate(keep)
+        return size - keep
+
+
+def iter_error_records(paths: Iterable[Path], damaged: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Read raw report rows from many report files. A torn last line (a killed writer's) is
+    skipped; a complete line that is not a JSON row (invalid UTF-8, garbage) is skipped and, when
+    `damaged` is given, named there."""
     for path in paths:
         try:
-            fh = open(path, encoding="utf-8")
+            fh = open(path, "rb")
         except FileNotFoundError:
             continue
         with fh:
-            for text in fh:
-                text = text.strip()
+            for number, raw in enumerate(fh, 1):
+                text = raw.strip()
                 if not text:
                     continue
                 try:
-                    row = json.loads(text)
-                except json.JSONDecodeError:
+                    row = json.loads(text.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError) as exc:
+                    if raw.endswith(b"\n") and damaged is not None:
+                        damaged.append(f"{path}: line {number} is not a report row ({type(exc).__name__})")
                     continue
                 if isinstance(row, dict):
                     yield row
+                elif damaged is not None:
+                    damaged.append(f"{path}: line {number} is not a report row (a JSON {type(row).__name__})")
+
+
+def json_line(obj: Any) -> str:
+    """One line of JSON with non-ASCII text kept, lone surrogates (ids or paths that are not valid
+    Unicode) escaped as \\udXXX: always writable as UTF-8, and read back to the same strings."""
+    return printable(json.dumps(obj, ensure_ascii=False))
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -117,19 +199,22 @@ def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     return ("item", row.get("id"), row.get("modality"))
 
 
-def latest_errors(out: str | Path) -> list[dict[str, Any]]:
-    """The current failures of an output: latest row per item, minus items encoded since."""
+def latest_errors(out: str | Path, damaged: list[str] | None = None) -> list[dict[str, Any]]:
+    """The current failures of an output: latest row per item, minus items encoded since and
+    manifest lines a later run read as valid rows (a "resolved" marker). Report lines and shards
+    that cannot be read are skipped (named in `damaged` when given)."""
     od = OutDir(out)
     latest: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for row in iter_error_records(od.error_report_paths()):
+    for row in iter_error_records(od.error_report_paths(), damaged):
         key = _key(row)
         old = latest.get(key)
         if old is None or (int(row.get("attempt") or 1), str(row.get("time"))) >= (int(old.get("attempt") or 1), str(old.get("time"))):
             latest[key] = row
+    latest = {k: r for k, r in latest.items() if r.get("status", "failed") == "failed"}
     if not latest:
         return []
     done = HashSet64()
-    for _shard, ids, mods in iter_shard_keys(od):
+    for _shard, ids, mods in iter_shard_keys(od, damaged=[] if damaged is None else damaged):
         for i, m in zip(ids, mods):
             done.add(id_hash(i, m))
     return [r for k, r in latest.items() if not (k[0] == "item" and id_hash(r.get("id"), r.get("modality")) in done)]

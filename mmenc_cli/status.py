@@ -11,6 +11,10 @@ with its process). Lock probing uses a shared, non-blocking flock that is releas
 writes nothing; it is done only for tasks that say 'running', so it cannot make a starting run
 exit 75 except in the microseconds a crashed task's replacement takes its lock.
 
+Problems: a shard a task's log lists as committed that is gone, a shard that cannot be read, a
+damaged `run.json` or task file, an error-report line that is not a row. Each is named with what
+to do, and makes the status not ok (exit 4): it never says "all done" over them.
+
 Duplicates: (id, modality) pairs present in shards of more than one task. Each task's keys become
 a sorted array of 64-bit hashes (8 bytes a row); shards are read a second time, for a few example
 ids, only when there are duplicates.
@@ -29,6 +33,7 @@ from .errors import OutputError
 from .idset import hash_many
 from .locks import TaskLock
 from .outdir import OutDir, iter_shard_keys, parse_shard_name, read_json
+from .damage import missing_shard_problems, run_meta_problem, task_meta_problems
 
 DONE = "done"
 MISSING = "missing"
@@ -68,18 +73,20 @@ class StatusReport:
     duplicates: Duplicates
     all_done: bool
     rerun: list[int]
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """All tasks done and no duplicates: exit code 0."""
-        return self.all_done and not self.duplicates.count and not self.duplicates.within_task
+        """All tasks done, no problems and no duplicates: exit code 0."""
+        return (self.all_done and not self.problems and not self.duplicates.count
+                and not self.duplicates.within_task)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
 
 
-def _metas(od: OutDir) -> dict[int, list[tuple[int, float, dict[str, Any]]]]:
+def _metas(od: OutDir, problems: list[str]) -> dict[int, list[tuple[int, float, dict[str, Any]]]]:
     """Task metadata grouped by task: (lock id, mtime, meta) per file (one per worker)."""
     grouped: dict[int, list[tuple[int, float, dict[str, Any]]]] = defaultdict(list)
     for path in od.task_meta_paths():
@@ -90,6 +97,7 @@ def _metas(od: OutDir) -> dict[int, list[tuple[int, float, dict[str, Any]]]]:
             continue
         if isinstance(meta, dict):
             grouped[int(meta.get("task", lock_id))].append((lock_id, path.stat().st_mtime, meta))
+    problems += task_meta_problems(od)
     return grouped
 
 
@@ -99,17 +107,17 @@ def _task_count(od: OutDir, metas: dict[int, list[tuple[int, float, dict[str, An
     if entries:
         return int(max(entries, key=lambda e: e[1])[2]["task_count"])
     run = od.read_run_meta()
-    if run is None:
+    if not isinstance(run, dict):
         raise OutputError(f"{od.root} is not an mmenc output (no {od.run_meta_path.relative_to(od.root)} "
                           "and no task metadata)")
     return int((run.get("config") or {}).get("task_count") or 1)
 
 
-def _scan_shards(od: OutDir) -> tuple[Counter[int], dict[int, np.ndarray], int]:
+def _scan_shards(od: OutDir, problems: list[str]) -> tuple[Counter[int], dict[int, np.ndarray], int]:
     """Embeddings per task, each task's sorted unique key hashes, and rows repeated within a task."""
     encoded: Counter[int] = Counter()
     parts: dict[int, list[np.ndarray]] = defaultdict(list)
-    for shard, ids, mods in iter_shard_keys(od):
+    for shard, ids, mods in iter_shard_keys(od, damaged=problems):
         parsed = parse_shard_name(shard.name)
         task = parsed.task if parsed else -1
         encoded[task] += len(ids)
@@ -130,7 +138,7 @@ def _duplicates(od: OutDir, keys: dict[int, np.ndarray], within: int, examples: 
     if dup.size and examples:
         wanted = dup[:examples]
         found: dict[int, dict[str, Any]] = {}
-        for shard, ids, mods in iter_shard_keys(od):
+        for shard, ids, mods in iter_shard_keys(od, damaged=[]):  # damaged ones are named already
             hashes = hash_many(ids, mods)
             parsed = parse_shard_name(shard.name)
             for i in np.flatnonzero(np.isin(hashes, wanted)):
@@ -141,13 +149,16 @@ def _duplicates(od: OutDir, keys: dict[int, np.ndarray], within: int, examples: 
     return result
 
 
-def _errors_by_task(od: OutDir) -> Counter[int]:
+def _errors_by_task(od: OutDir, problems: list[str]) -> Counter[int]:
     """Current failures (latest outcome per item) per task."""
     if not od.error_report_paths():
         return Counter()
     from .report import latest_errors
 
-    return Counter(int(r.get("task") or 0) for r in latest_errors(od.root))
+    damaged: list[str] = []
+    rows = latest_errors(od.root, damaged=damaged)
+    problems += [f"{d}: the report is damaged there (the line is skipped)" for d in damaged]
+    return Counter(int(r.get("task") or 0) for r in rows)
 
 
 def _judge(ts: TaskStatus, group: list[tuple[int, float, dict[str, Any]]], od: OutDir, task_count: int) -> None:
@@ -175,7 +186,8 @@ def _judge(ts: TaskStatus, group: list[tuple[int, float, dict[str, Any]]], od: O
         ts.needs_rerun, ts.reason = True, (f"crashed: state 'running' but no process holds its lock "
                                            f"(last on {crashed[0].get('host')}, pid {crashed[0].get('pid')})")
     elif ts.state != DONE:
-        ts.needs_rerun, ts.reason = True, ts.state
+        error = next((m.get("error") for _, _, m in group if m.get("error")), None)
+        ts.needs_rerun, ts.reason = True, f"{ts.state}: {error}" if error else ts.state
     elif counts != {task_count}:
         ts.needs_rerun, ts.reason = True, f"ran with task count {sorted(counts)}, not {task_count}"
     elif over:
@@ -187,17 +199,30 @@ def collect_status(out: str | Path, examples: int = 5) -> StatusReport:
     od = OutDir(out)
     if not od.root.is_dir():
         raise OutputError(f"{od.root}: no such output folder")
-    metas = _metas(od)
+    problems = [p for p in [run_meta_problem(od)] if p]
+    metas = _metas(od, problems)
     task_count = _task_count(od, metas)
-    encoded, keys, within = _scan_shards(od)
-    errors = _errors_by_task(od)
+    encoded, keys, within = _scan_shards(od, problems)
+    errors = _errors_by_task(od, problems)
+    gone = _missing_by_task(od, problems)
     tasks = []
     for t in sorted(set(range(task_count)) | set(metas) | {k for k in encoded if k >= 0}):
         ts = TaskStatus(task=t, encoded=encoded.get(t, 0), errors=errors.get(t, 0))
         _judge(ts, metas.get(t, []), od, task_count)
+        if gone.get(t) and not ts.running:
+            ts.needs_rerun, ts.reason = True, f"{gone[t]} committed shard(s) missing: re-run to encode their items"
         tasks.append(ts)
     current = [ts for ts in tasks if ts.task < task_count]
-    all_done = all(ts.state == DONE and not ts.needs_rerun and not ts.running for ts in current)
+    all_done = not problems and all(ts.state == DONE and not ts.needs_rerun and not ts.running for ts in current)
     return StatusReport(out=str(od.root), task_count=task_count, tasks=tasks,
                         duplicates=_duplicates(od, keys, within, examples), all_done=all_done,
-                        rerun=[ts.task for ts in tasks if ts.needs_rerun])
+                        rerun=[ts.task for ts in tasks if ts.needs_rerun], problems=problems)
+
+
+def _missing_by_task(od: OutDir, problems: list[str]) -> Counter[int]:
+    """Shards the logs list as committed that are gone, per task (each named in `problems`)."""
+    gone: Counter[int] = Counter()
+    for task, problem in missing_shard_problems(od):
+        gone[task] += 1
+        problems.append(problem)
+    return gone

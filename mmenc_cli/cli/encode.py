@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -13,6 +12,7 @@ from typing import Annotated, Any, List, Optional
 import typer
 
 from ..errors import ExitCode
+from ..run.stopping import request_stop
 from .exits import fail, fatal_errors
 from .options import DeviceOpt, ModelOpt, OutOpt, TaskCountOpt, TaskIndexOpt
 from .render import Progress, echo_err, setup_logging, summary_lines
@@ -48,7 +48,8 @@ def task_from_env(index: int | None, count: int | None) -> tuple[int, int]:
 
 
 class Signals:
-    """Turn SIGINT/SIGTERM into a stop request; the run commits whole shards and exits 130/143."""
+    """Turn SIGINT/SIGTERM into a stop request; the run commits whole shards and exits 130/143. A
+    second Ctrl-C stops at once (the task is still recorded as interrupted)."""
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
@@ -66,11 +67,11 @@ class Signals:
         self.signum = signum
         log.warning("received %s: finishing the current batch, committing whole shards, then exiting",
                     signal.Signals(signum).name)
-        self.stop.set()
+        request_stop(self.stop)  # inside a model load or a tokenizing stretch: interrupts it at once
 
     def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
+        for sig, old in self._old.items():  # once stopping, more signals only cut the exit short: ignored
+            signal.signal(sig, signal.SIG_IGN if self.signum is not None else old)
 
 
 def build_config(o: dict[str, Any]) -> Any:
@@ -91,8 +92,9 @@ def build_config(o: dict[str, Any]) -> Any:
                                  "max_length", "trust_remote_code", "allow_pickle_weights", "compile", "cpu_forward")),
         writer=WriterConfig(out=str(o["out"]), **pick("format", "out_dtype", "shard_size")),
         manifest=ManifestConfig(keep=tuple(o["keep"] or ()), **pick("id_key", "image_key", "text_key", "limit",
-                                                                    "csv_multiline")),
-        media=MediaConfig(**pick("max_image_pixels", "max_file_bytes", "fetch_timeout", "fetch_retries")),
+                                                                    "csv_multiline", "max_row_bytes")),
+        media=MediaConfig(**pick("max_image_pixels", "max_file_bytes", "fetch_timeout", "fetch_retries",
+                                 "decode_timeout")),
         batch=BatchConfig(**pick("batch_size", "max_batch_tokens", "workers")),
         modalities=mods, task_index=index, task_count=count,
         **pick("max_errors", "max_error_rate", "fail_fast", "overwrite", "wait_lock"))
@@ -109,7 +111,9 @@ def finish(result: Any, signum: int | None, json_out: bool, verbose: bool) -> No
         code = ExitCode.THRESHOLD
     echo_err("\n".join(summary_lines(result, verbose)))
     if json_out:
-        typer.echo(json.dumps({**result.to_dict(), "exit_code": int(code)}, ensure_ascii=False))
+        from ..report import json_line
+
+        typer.echo(json_line({**result.to_dict(), "exit_code": int(code)}))
     if code:
         raise typer.Exit(int(code))
 
@@ -146,6 +150,10 @@ def encode(
     max_file_bytes: Annotated[int, typer.Option(help="Larger files fail with 413.")] = 64 * 1024 * 1024,
     fetch_timeout: Annotated[float, typer.Option(help="Seconds per HTTP attempt.")] = 20.0,
     fetch_retries: Annotated[int, typer.Option(help="HTTP retries with back-off.")] = 3,
+    decode_timeout: Annotated[float, typer.Option(help="Seconds to read, decode and preprocess one image "
+                                                       "(after its fetch); a worker past it is replaced.")] = 60.0,
+    max_row_bytes: Annotated[int, typer.Option(help="A manifest line or CSV record larger than this fails "
+                                                    "with 413 without being loaded.")] = 32 * 1024 * 1024,
     max_errors: Annotated[Optional[int], typer.Option(help="Exit 4 when more items fail.")] = None,
     max_error_rate: Annotated[Optional[float], typer.Option(help="Exit 4 when a larger share fails (0..1).")] = None,
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failed item (exit 4).")] = False,
@@ -167,13 +175,21 @@ def encode(
             log.warning("no --model: using the bundled DEMO model %s (random weights, meaningless embeddings)",
                         options["model"])
         cfg = build_config(options)
-        from ..run.pipeline import run_encode  # torch and transformers load only when encoding
+    stop = threading.Event()
+    try:
+        with Signals(stop) as sigs:  # until the end: a second Ctrl-C while the summary prints is still 130
+            result = run(cfg, Progress(progress, log_every), stop)
+            finish(result, sigs.signum, json_out, verbose)
+    except KeyboardInterrupt:  # a second Ctrl-C: the task is recorded as interrupted already
+        raise typer.Exit(128 + signal.SIGINT) from None
 
-        stop = threading.Event()
-        bar = Progress(progress, log_every)
-        with Signals(stop) as sigs:
-            try:
-                result = run_encode(cfg, progress=bar, stop=stop)
-            finally:
-                bar.close()
-    finish(result, sigs.signum, json_out, verbose)
+
+def run(cfg: Any, bar: Progress, stop: threading.Event) -> Any:
+    """`run_encode` with a progress display, run-level errors turned into their exit codes."""
+    from ..run.pipeline import run_encode  # torch and transformers load only when encoding
+
+    with fatal_errors():
+        try:
+            return run_encode(cfg, progress=bar, stop=stop)
+        finally:
+            bar.close()

@@ -28,7 +28,11 @@ def _rows(out: Path, code, reason, stage, modality, grep) -> list[dict]:
     with fatal_errors():
         if not out.is_dir():
             raise OutputError(f"{out}: no such output folder")
-        return filter_errors(latest_errors(out), code, reason, stage, modality, grep)
+        damaged: list[str] = []
+        rows = filter_errors(latest_errors(out, damaged), code, reason, stage, modality, grep)
+    for problem in damaged:
+        echo_err(f"mmenc: warning: {problem}, skipped")
+    return rows
 
 
 @errors_app.command()
@@ -48,9 +52,11 @@ def summary(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason
 def list_(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason: ReasonOpt = None,
           stage: StageOpt = None, modality: ModalityOpt = None, grep: GrepOpt = None) -> None:
     """The current failures, one per item (--json: JSON lines)."""
+    from ..report import json_line
+
     rows = _rows(out, code, reason, stage, modality, grep)
     for r in rows:
-        typer.echo(json.dumps(r, ensure_ascii=False) if json_out else error_line(r))
+        typer.echo(json_line(r) if json_out else error_line(r))
 
 
 @errors_app.command()
@@ -61,7 +67,7 @@ def retry(out: OutArg, output: Annotated[Path, typer.Option("--output", "-o", he
 
     Then `mmenc encode RETRY.jsonl --out OUT` (same options) encodes what now succeeds into OUT.
     """
-    from ..report import retry_rows
+    from ..report import json_line, retry_rows
 
     rows = _rows(out, code, reason, stage, modality, grep)
     skipped = sum(1 for r in rows if r.get("modality") is None)
@@ -70,7 +76,7 @@ def retry(out: OutArg, output: Annotated[Path, typer.Option("--output", "-o", he
         tmp = output.with_name(f".{output.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
             for row in retry_rows(out, rows):
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                fh.write(json_line(row) + "\n")
                 n += 1
         tmp.replace(output)
     echo_err(f"mmenc: wrote {n} rows to {output}"

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import typer
 
-from ..errors import ExitCode, RunError
+from ..errors import ExitCode, RunError, printable
 
 __all__ = ["ExitCode", "exit_code_for", "fail", "fatal_errors"]
 
@@ -30,7 +30,7 @@ def exit_code_for(exc: BaseException) -> int:
 
 def fail(message: str, code: int) -> typer.Exit:
     """Print one line on stderr and return the Exit to raise."""
-    typer.echo(f"mmenc: error: {message}", err=True)
+    typer.echo(printable(f"mmenc: error: {message}"), err=True)
     return typer.Exit(code)
 
 

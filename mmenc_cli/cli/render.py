@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..errors import printable
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..reader import InspectReport
     from ..run.counters import Counters, RunResult
@@ -146,10 +148,11 @@ class Progress:
 def print_inspect(out: str, report: "InspectReport") -> None:
     """`mmenc inspect`'s table on stdout."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console(stderr=False)
-    con.print(f"[bold]{out}[/]: {report.embeddings} embeddings "
+    con.print(f"[bold]{escape(printable(out))}[/]: {report.embeddings} embeddings "
               + ", ".join(f"{k} {v}" for k, v in sorted(report.by_modality.items())))
     con.print(f"model {report.model} (revision {report.revision}), dim {report.dim}, "
               f"dtype {report.dtype}, format {report.format}")
@@ -162,20 +165,22 @@ def print_inspect(out: str, report: "InspectReport") -> None:
 def print_error_summary(out: str, s: dict[str, Any]) -> None:
     """`mmenc errors summary`'s table on stdout."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table("code", "reason", "stage", "modality", "count", "example", title=f"{s['errors']} failed items in {out}")
+    table = Table("code", "reason", "stage", "modality", "count", "example",
+                  title=escape(printable(f"{s['errors']} failed items in {out}")))
     for g in s["groups"]:
         table.add_row(str(g["code"]), str(g["reason"]), str(g["stage"]), str(g["modality"] or "-"), str(g["count"]),
-                      f"{g['example_id']}: {g['example']}"[:120])
+                      escape(printable(f"{g['example_id']}: {g['example']}"[:120])))
     Console().print(table)
 
 
 def error_line(r: dict[str, Any]) -> str:
     """One failure of `mmenc errors list`, in a line."""
     where = f"{r.get('manifest')}:{r.get('line') or '@' + str(r.get('offset'))}"
-    return (f"{r.get('code')} {r.get('reason')} [{r.get('stage')}/{r.get('modality') or '-'}] "
-            f"{r.get('id')} {where}: {r.get('message')}")
+    return printable(f"{r.get('code')} {r.get('reason')} [{r.get('stage')}/{r.get('modality') or '-'}] "
+                     f"{r.get('id')} {where}: {r.get('message')}")
 
 
 def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
@@ -200,7 +205,7 @@ def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
     con.print(table)
     d = r.duplicates
     if d.count or d.within_task:
-        ex = ", ".join(f"{e['id']!r}/{e['modality']} in tasks {e['tasks']}" for e in d.examples)
+        ex = printable(", ".join(f"{e['id']!r}/{e['modality']} in tasks {e['tasks']}" for e in d.examples))
         con.print(f"[red]duplicates[/]: {d.count} (id, modality) pairs in several tasks, {d.within_task} repeated "
                   f"within a task" + (f"; e.g. {escape(ex)}" if ex else ""), soft_wrap=True)
     if r.all_done:
@@ -211,4 +216,4 @@ def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
 
 def echo_err(text: str) -> None:
     """One or more lines on stderr."""
-    typer.echo(text, err=True)
+    typer.echo(printable(text), err=True)

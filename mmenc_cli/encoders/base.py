@@ -77,6 +77,8 @@ class Encoder(ABC):
     output_kind: str = "pooled"
     #: where the model runs: "cpu", "cuda", "cuda:1", "mps"
     device: str = "cpu"
+    #: texts longer than this many characters are cut before tokenizing (None: no cut)
+    max_text_chars: int | None = None
 
     @abstractmethod
     def image_preprocessor(self) -> ImagePreprocessor:

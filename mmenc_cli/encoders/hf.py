@@ -34,6 +34,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["HFEncoder", "Inputs", "TokenizedText", "keep_accepted", "pooled"]
 
+#: texts are cut at this many characters per token of the model's limit before tokenizing: the
+#: tokenizer keeps only the first `max_length` tokens anyway, and ordinary text has far fewer
+#: characters per token (about 4 in English), so the cut changes no embedding unless a text
+#: averages more than this per token; it bounds a huge text's tokenizing time and memory
+CHARS_PER_TOKEN = 64
+
 
 def keep_accepted(fn: Callable[..., Any]) -> Callable[[Inputs], Inputs]:
     """A filter keeping only the inputs `fn` names: tokenizers return extras (token_type_ids) that
@@ -80,6 +86,7 @@ class HFEncoder(Encoder):
         self.forward = make_forward(cfg.cpu_forward, model, device, cfg.compile)
         self.default_normalize = default_normalize
         self._tokenizer, self.max_length = tokenizer, max_length
+        self.max_text_chars = None if max_length is None else max_length * CHARS_PER_TOKEN
         self._padding = "max_length" if pad_to_max_length else True
         self._lowercase = lowercase
         self._prep: ImagePreprocessor | None = None

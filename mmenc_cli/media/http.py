@@ -1,6 +1,8 @@
 """Fetching `http(s)://` images with bounded time and retries of transient failures.
 
-Each attempt ends after about `--fetch-timeout` (connect, each read and the whole body); 408, 429,
+Each attempt ends after about `--fetch-timeout`, the whole exchange included: a watchdog shuts
+the attempt's sockets down at its deadline, so a server that trickles its status line, headers or
+body a byte at a time cannot hold it longer (the socket timeout alone resets at every byte). 408, 429,
 5xx, refused connections, DNS failures and resets are retried `--fetch-retries` times with
 exponential back-off and jitter, honouring a server's Retry-After up to `RETRY_AFTER_MAX_S`.
 Redirects are followed only to http(s). The final status maps to one `MMError` (`_http_error`).
@@ -11,7 +13,9 @@ from __future__ import annotations
 import email.utils
 import http.client
 import random
+import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -49,7 +53,24 @@ class Transient(Exception):
 
 
 class _RedirectHandler(urllib.request.HTTPRedirectHandler):
-    """Follow redirects only to http(s): urllib would also follow one to ftp://."""
+    """Follow redirects only to http(s): urllib would also follow one to ftp://, and refuse one to
+    file:// as an HTTP error; both are a scheme mmenc does not fetch (415)."""
+
+    def http_error_302(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any) -> Any:
+        target = headers.get("location") or headers.get("uri")
+        if target:
+            self._check_scheme(urllib.parse.urljoin(req.full_url, target), fp)
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    @staticmethod
+    def _check_scheme(newurl: str, fp: Any) -> None:
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
+            fp.close()
+            raise load_error(f"redirected to unsupported URL scheme {scheme}://; supported: "
+                             f"{SUPPORTED_SOURCES}", "media.unsupported_scheme")
 
     def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
                          headers: Any, newurl: str) -> urllib.request.Request | None:
@@ -61,11 +82,83 @@ class _RedirectHandler(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+class _Watchdog:
+    """Ends one attempt at its deadline by shutting down the sockets it opened."""
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.fired:
+                _shutdown(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._sockets:
+                _shutdown(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
+
+
+def _watched(connection: type, dog: _Watchdog) -> type:
+    """`connection` (HTTPConnection or HTTPSConnection) with its TCP socket watched by `dog`,
+    registered before a TLS handshake can trickle."""
+
+    class Watched(connection):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            create = self._create_connection
+
+            def create_and_watch(*a: Any, **k: Any) -> socket.socket:
+                sock = create(*a, **k)
+                dog.watch(sock)
+                return sock
+
+            self._create_connection = create_and_watch
+
+    return Watched
+
+
+class _Watched:
+    """A urllib handler whose connections `dog` watches (mixed into the HTTP and HTTPS handlers)."""
+
+    def __init__(self, dog: _Watchdog) -> None:
+        super().__init__()
+        self.dog = dog
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        return super().do_open(_watched(http_class, self.dog), req, **kwargs)  # type: ignore[misc]
+
+
+class _WatchedHTTP(_Watched, urllib.request.HTTPHandler):
+    pass
+
+
+class _WatchedHTTPS(_Watched, urllib.request.HTTPSHandler):
+    pass
+
+
 def fetch(url: str, cfg: MediaConfig, backoff: float) -> tuple[bytes, str | None]:
     """GET `url` with up to `cfg.fetch_retries` retries of transient failures.
 
-    Time is bounded: each attempt ends after about `fetch_timeout` (connect, each read and the
-    whole body), and each wait is at most max(BACKOFF_CAP_S, RETRY_AFTER_MAX_S)."""
+    Time is bounded: each attempt ends after about `fetch_timeout` (the whole exchange), and each
+    wait is at most max(BACKOFF_CAP_S, RETRY_AFTER_MAX_S)."""
     attempts = 1 + cfg.fetch_retries
     last: Transient | None = None
     for attempt in range(attempts):
@@ -94,13 +187,28 @@ def _retry_delay(attempt: int, base: float, retry_after: float | None) -> float 
 
 
 def _fetch_once(url: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
-    """One GET; raises `Transient` for what a retry may fix, `MMError` for the rest."""
+    """One GET within `fetch_timeout`; raises `Transient` for what a retry may fix, `MMError` for
+    the rest."""
+    dog = _Watchdog(cfg.fetch_timeout)
+    try:
+        return _exchange(url, cfg, dog)
+    except (urllib.error.URLError, OSError, http.client.HTTPException, Transient) as exc:
+        if not dog.fired:  # else the watchdog cut the exchange short, whatever it looked like
+            raise
+        raise Transient(load_error(f"no complete answer from {describe_source(url)} within "
+                                   f"{cfg.fetch_timeout:g}s", "remote.timeout", exc)) from exc
+    finally:
+        dog.cancel()
+
+
+def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog) -> tuple[bytes, str | None]:
     shown = describe_source(url)
     deadline = time.monotonic() + cfg.fetch_timeout
     try:
         request = urllib.request.Request(_to_uri(url), headers={"User-Agent": USER_AGENT,
                                                                 "Accept": "image/*"})
-        with urllib.request.build_opener(_RedirectHandler).open(request, timeout=cfg.fetch_timeout) as resp:
+        opener = urllib.request.build_opener(_RedirectHandler, _WatchedHTTP(dog), _WatchedHTTPS(dog))
+        with opener.open(request, timeout=cfg.fetch_timeout) as resp:
             declared = resp.headers.get("Content-Length", "").strip()
             expected = int(declared) if declared.isdigit() else None
             if expected is not None:
@@ -114,8 +222,12 @@ def _fetch_once(url: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
             raise Transient(error, _parse_retry_after(exc.headers.get("Retry-After"))) from exc
         raise error from exc
     except urllib.error.URLError as exc:
+        if dog.fired:
+            raise
         raise _network_error(exc.reason, shown, cfg) from exc
     except (OSError, http.client.HTTPException) as exc:  # raised while reading the body
+        if dog.fired:
+            raise
         raise _network_error(exc, shown, cfg) from exc
     except ValueError as exc:  # a URL that cannot be parsed or encoded
         raise load_error(f"invalid URL {shown}: {exc}", "media.invalid_source", exc) from exc

@@ -19,17 +19,16 @@ Which rows each task of an array reads: `slicing.py`.
 
 from __future__ import annotations
 
-import csv
 import os
 from typing import Any, Iterator, Sequence
 
-from ..config import ManifestConfig
+from ..config import DEFAULT_MAX_ROW_BYTES, ManifestConfig
 from ..errors import ManifestError, MMError
 from ..records import InvalidRow, ManifestRow
-from .delimited import LineFeed, csv_header, csv_parse, csv_record
+from .delimited import csv_header, csv_parse, csv_record, open_csv
 from .formats import detect_format
 from .jsonl import decode_json
-from .lines import BOM, check_line_start, open_text
+from .lines import BOM, check_line_start, open_text, read_line, row_too_large
 from .parquet import parquet_record
 from .slicing import iter_slice, plan
 from .validate import to_row
@@ -71,8 +70,10 @@ def read_row(manifest: str, offset: int, cfg: ManifestConfig,
     return to_row(path, line, offset, record, error, cfg)
 
 
-def read_record(path: str, offset: int) -> tuple[dict[str, Any] | None, MMError | None]:
-    """The record at `offset` and its read error; ManifestError when there is no record there."""
+def read_record(path: str, offset: int,
+                limit: int = DEFAULT_MAX_ROW_BYTES) -> tuple[dict[str, Any] | None, MMError | None]:
+    """The record at `offset` and its read error (a record over `limit` bytes is not loaded);
+    ManifestError when there is no record there."""
     fmt = detect_format(path)
     if not os.path.isfile(path):
         raise ManifestError(f"manifest not found: {path}")
@@ -83,14 +84,15 @@ def read_record(path: str, offset: int) -> tuple[dict[str, Any] | None, MMError 
     with open_text(path) as fh:
         if fmt == "jsonl.gz" or fmt == "jsonl":
             check_line_start(fh, path, offset)
-            raw = fh.readline()
+            raw, size = read_line(fh, limit)
+            if raw is None:
+                return None, row_too_large(size, limit)
             if offset == 0 and raw.startswith(BOM):
                 raw = raw[len(BOM):]
             if not raw.strip():
                 raise ManifestError(f"no record at offset {offset} of {path}")
             return decode_json(raw)
-        feed = LineFeed(fh, 0, 1)
-        reader = csv.reader(feed, delimiter="\t" if fmt == "tsv" else ",")
+        feed, reader = open_csv(fh, fmt, limit)
         header = csv_header(reader, path, None)
         if header is None or offset < feed.pos:
             raise ManifestError(f"offset {offset} of {path} is not a CSV row (header or empty file)")

@@ -8,44 +8,133 @@ from typing import IO, Any, Iterator
 from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
 from .formats import Source
-from .lines import BOM, Raw, sync
+from .lines import BOM, Raw, row_too_large, sync
 from .validate import check_columns
 
 
-class LineFeed:
-    """Decoded lines for csv.reader, remembering where the next line starts and how many lines the
-    current record used (the reader pulls exactly the lines a record needs, never more)."""
+class QuoteState:
+    """Whether a CSV record is still open (inside a quoted field) after the bytes seen so far, by
+    the csv module's own rules: a quote opens a quoted field only at a field's start, `""` inside
+    one is a quote, a newline inside one belongs to the field. Fast on long lines (`bytes.find`)."""
 
-    def __init__(self, fh: IO[bytes], pos: int, line: int | None) -> None:
-        self.fh, self.pos, self.line = fh, pos, line
-        self.used, self.bad_utf8 = 0, False
+    OUT_START, OUT_FIELD, IN_QUOTES, QUOTE = range(4)
+
+    def __init__(self, delimiter: bytes) -> None:
+        self.delimiter = delimiter
+        self.state = self.OUT_START
+
+    @property
+    def open(self) -> bool:
+        """Inside a quoted field: the record goes on past the end of this line."""
+        return self.state == self.IN_QUOTES
+
+    def feed(self, data: bytes) -> None:
+        """Advance over `data` (any piece of the file, split anywhere)."""
+        pos, n = 0, len(data)
+        while pos < n:
+            if self.state == self.IN_QUOTES:
+                j = data.find(b'"', pos)
+                if j < 0:
+                    return
+                self.state, pos = self.QUOTE, j + 1
+            elif self.state == self.QUOTE:
+                c = data[pos:pos + 1]
+                self.state = (self.IN_QUOTES if c == b'"' else self.OUT_START if c in (self.delimiter, b"\n", b"\r")
+                              else self.OUT_FIELD)
+                pos += 1
+            else:
+                pos = self._outside(data, pos)
+
+    def _outside(self, data: bytes, pos: int) -> int:
+        """Outside quotes: skip to the next quote; it opens a quoted field only at a field's start."""
+        j = data.find(b'"', pos)
+        end = len(data) if j < 0 else j
+        if end > pos:  # bytes before the quote (or to the end): where do they leave us?
+            last = data[end - 1:end]
+            self.state = self.OUT_START if last in (self.delimiter, b"\n", b"\r") else self.OUT_FIELD
+        if j < 0:
+            return len(data)
+        self.state = self.IN_QUOTES if self.state == self.OUT_START else self.OUT_FIELD
+        return j + 1
+
+
+class RecordTooLarge(Exception):
+    """The CSV record being read passed --max-row-bytes; its lines have been read past."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+class LineFeed:
+    """Decoded lines for csv.reader, remembering where the next line starts, how many lines and
+    bytes the current record used (the reader pulls exactly the lines a record needs) and whether
+    it is still open. A record over `limit` bytes is read past in pieces (`RecordTooLarge`)."""
+
+    def __init__(self, fh: IO[bytes], pos: int, line: int | None, delimiter: str = ",",
+                 limit: int = 1 << 62) -> None:
+        self.fh, self.pos, self.line, self.limit = fh, pos, line, limit
+        self.quotes = QuoteState(delimiter.encode())
+        self.used, self.size, self.bad_utf8 = 0, 0, False
 
     def __iter__(self) -> "LineFeed":
         return self
 
     def __next__(self) -> str:
-        raw = self.fh.readline()
+        raw = self.fh.readline(self.limit - self.size + 1)
         if not raw:
             raise StopIteration
-        bom = len(BOM) if self.pos == 0 and raw.startswith(BOM) else 0
-        self.pos += len(raw)
-        self.used += 1
-        if self.line is not None:
-            self.line += 1
+        self._advance(raw)
+        if self.size > self.limit:
+            if not raw.endswith(b"\n") or self.quotes.open:
+                self.skip_record()
+            raise RecordTooLarge(self.size)
+        bom = len(BOM) if self.pos == len(raw) and raw.startswith(BOM) else 0
         try:
             return raw[bom:].decode("utf-8")
         except UnicodeDecodeError:  # reported as an invalid row once the reader has the record
             self.bad_utf8 = True
             return raw[bom:].decode("utf-8", "replace")
 
+    def _advance(self, raw: bytes) -> None:
+        self.quotes.feed(raw)
+        self.pos += len(raw)
+        self.size += len(raw)
+        if raw.endswith(b"\n"):
+            self.used += 1
+            if self.line is not None:
+                self.line += 1
+
+    def skip_record(self) -> None:
+        """Read past the rest of the current record (the rest of its line, and its lines while a
+        quoted field is open), in pieces, keeping nothing."""
+        while True:
+            chunk = self.fh.readline(1 << 20)
+            if not chunk:
+                return
+            self._advance(chunk)
+            if chunk.endswith(b"\n") and not self.quotes.open:
+                return
+
     def start_record(self) -> None:
         """Reset the per-record counters before asking the reader for the next record."""
-        self.used, self.bad_utf8 = 0, False
+        self.used, self.size, self.bad_utf8 = 0, 0, False
+        self.quotes.state = QuoteState.OUT_START
 
     def seek(self, pos: int, line: int | None) -> None:
         """Continue from another line start (the reader is between records)."""
         self.fh.seek(pos)
         self.pos, self.line = pos, line
+
+
+def open_csv(fh: IO[bytes], fmt: str, limit: int) -> tuple[LineFeed, Any]:
+    """A line feed and a csv reader over it (the csv module's own field limit raised to `limit`,
+    which the feed enforces per record in bytes)."""
+    if csv.field_size_limit() < limit:
+        csv.field_size_limit(limit)
+    delimiter = "\t" if fmt == "tsv" else ","
+    feed = LineFeed(fh, 0, 1, delimiter, limit)
+    return feed, csv.reader(feed, delimiter=delimiter)
 
 
 def csv_header(reader: Any, path: str, cfg: ManifestConfig | None) -> list[str] | None:
@@ -73,7 +162,12 @@ def csv_parse(reader: Any, feed: LineFeed,
             fields = next(reader)
         except StopIteration:
             return
-        except csv.Error as exc:  # the reader resumes at the next line
+        except RecordTooLarge as exc:
+            yield start, line, None, row_too_large(exc.size, feed.limit)
+            continue
+        except csv.Error as exc:  # the reader starts afresh at the next line: skip the rest of the record
+            if feed.quotes.open:
+                feed.skip_record()
             yield start, line, None, MMError(f"bad CSV record: {exc}", stage="read",
                                              reason="manifest.invalid_row", error="csv.Error")
             continue
@@ -99,8 +193,7 @@ def csv_record(header: list[str], fields: list[str] | None, error: MMError | Non
 def csv_records(src: Source, cfg: ManifestConfig, a: int, b: int, multiline: bool) -> Iterator[Raw]:
     """CSV/TSV records starting in [a, b), by seeking (default) or by parsing from the top."""
     with open(src.path, "rb") as fh:
-        feed = LineFeed(fh, 0, 1)
-        reader = csv.reader(feed, delimiter="\t" if src.fmt == "tsv" else ",")
+        feed, reader = open_csv(fh, src.fmt, cfg.max_row_bytes)
         header = csv_header(reader, src.path, cfg)
         if header is None:
             return

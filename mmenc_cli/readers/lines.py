@@ -7,12 +7,14 @@ from typing import IO, Any
 
 from ..errors import ManifestError, MMError
 
-__all__ = ["BOM", "COUNT_LINES_UP_TO", "Raw", "check_line_start", "is_gzip", "open_text", "sync"]
+__all__ = ["BOM", "COUNT_LINES_UP_TO", "Raw", "check_line_start", "is_gzip", "open_text", "read_line", "row_too_large",
+           "skip_line", "sync"]
 
 BOM = b"\xef\xbb\xbf"
 
 
 COUNT_LINES_UP_TO = 64 << 20  # newlines are counted before a task's start only below this
+_CHUNK = 1 << 20  # an oversized line is read past in pieces of this size, never held whole
 
 
 #: (line, offset, record, error): what a format reader yields for one record.
@@ -29,13 +31,38 @@ def open_text(path: str) -> IO[bytes]:
     return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
 
 
+def read_line(fh: IO[bytes], limit: int) -> tuple[bytes | None, int]:
+    """The next line, its newline included, and its size; a line of more than `limit` bytes is
+    read past in pieces and returned as None (with its size). (b"", 0) at the end of the file."""
+    raw = fh.readline(limit + 1)
+    if len(raw) <= limit:
+        return raw, len(raw)
+    return None, len(raw) + skip_line(fh)
+
+
+def skip_line(fh: IO[bytes]) -> int:
+    """Read past the rest of the current line (its newline included) in pieces; return its size."""
+    size = 0
+    while True:
+        chunk = fh.readline(_CHUNK)
+        size += len(chunk)
+        if not chunk or chunk.endswith(b"\n"):
+            return size
+
+
+def row_too_large(size: int, limit: int) -> MMError:
+    """The error of a manifest line (or CSV record) over --max-row-bytes."""
+    return MMError(f"the row is {size} bytes or more, over --max-row-bytes {limit}; it was read past, "
+                   "not loaded", stage="read", reason="manifest.row_too_large")
+
+
 def sync(fh: IO[bytes], a: int) -> tuple[int, int | None]:
     """Move to the first line start at or after byte `a`; return it and its line number if cheap."""
     if a == 0:
         fh.seek(0)
         return 0, 1
     fh.seek(a - 1)
-    fh.readline()  # just the newline when byte a-1 is one, so a line starting at a is kept
+    skip_line(fh)  # just the newline when byte a-1 is one, so a line starting at a is kept
     pos = fh.tell()
     if pos > COUNT_LINES_UP_TO:
         return pos, None

@@ -83,13 +83,13 @@ def iter_slice(sources: list[Source], cfg: ManifestConfig, task_index: int,
     for src in sources:
         a, b = max(lo - src.start, 0), min(hi - src.start, src.size)
         if src.fmt == "jsonl.gz":
-            raws = jsonl_records(src.path, 0, None, pick=(task_index, task_count))
+            raws = jsonl_records(src.path, 0, None, cfg.max_row_bytes, pick=(task_index, task_count))
         elif a >= b:
             continue
         elif src.fmt == "parquet":
             raws = parquet_records(src, cfg, a, b)
         elif src.fmt == "jsonl":
-            raws = jsonl_records(src.path, a, b)
+            raws = jsonl_records(src.path, a, b, cfg.max_row_bytes)
         else:
             raws = csv_records(src, cfg, a, b, multiline)
         for line, offset, record, error in raws:

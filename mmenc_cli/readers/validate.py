@@ -42,7 +42,7 @@ def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | No
     if row_id is None:
         return invalid(f'"{cfg.id_key}" must be a string or an integer, not {kind(raw_id)}',
                        "manifest.invalid_type")
-    bad = next((k for k in (cfg.id_key, cfg.text_key, *cfg.keep) if not _utf8(record.get(k))), None)
+    bad = next((k for k in (cfg.id_key, cfg.image_key, cfg.text_key, *cfg.keep) if not _utf8(record.get(k))), None)
     if bad is not None:
         return invalid(f'"{bad}" is not valid Unicode (a lone surrogate)', "manifest.invalid_type")
     try:

@@ -3,8 +3,10 @@
 Writing a shard (Parquet encoding, fsync, rename) runs off the encode loop, in order, with at most
 two shards queued. The writer thread never touches the run's counters: each shard's outcome
 (`ShardOutcome`: seconds, and the exception when the write failed) goes back to the encode loop,
-which collects it with `outcomes()` and counts it. Anything else that goes wrong on the thread is
-kept and re-raised in the encode loop.
+which collects it with `outcomes()` and counts it. A write that fails with an `OSError` (disk full,
+read-only, permission denied) is a fault of the output, not of the shard's items: the committer
+writes nothing more, and the run ends. Anything else that goes wrong on the thread is kept and
+re-raised in the encode loop.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import OutputError
 from ..outdir import OutDir, shard_name
 from ..records import ManifestRow
+from ..shardlog import log_commit
 from ..writers import ShardData, ShardWriter
 
 
@@ -28,6 +32,7 @@ class ShardOutcome:
     shard: ShardData
     seconds: float
     error: Exception | None = None
+    fault: bool = False  # the output failed (OSError), not the shard: its items are left for a re-run
 
 
 class ShardCommitter:
@@ -35,19 +40,20 @@ class ShardCommitter:
 
     def __init__(self, out: OutDir, writer: ShardWriter, task: int, worker: int, shard_size: int,
                  keep: tuple[str, ...], after_commit: Callable[[], None]) -> None:
-        self.writer, self.task, self.worker = writer, task, worker
+        self.out, self.writer, self.task, self.worker = out, writer, task, worker
         self.shard_size, self.keep = shard_size, keep
         self.after_commit = after_commit  # on the writer thread, after each commit (fsync the error report)
         self.seq = out.next_seq(task, worker)
-        self.shard = self._new_shard()
+        self.shard = self.new_shard()
         self.committed = 0
         self.error: BaseException | None = None
+        self.broken: ShardOutcome | None = None  # the output fault that stopped the writing
         self._queue: queue.Queue[tuple[ShardData, str] | None] = queue.Queue(maxsize=2)
         self._done: queue.SimpleQueue[ShardOutcome] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name="mmenc-writer", daemon=True)
         self._thread.start()
 
-    def _new_shard(self) -> ShardData:
+    def new_shard(self) -> ShardData:
         return ShardData(keep={k: [] for k in self.keep})
 
     def add(self, row: ManifestRow, modality: str, vector: Any, meta: dict[str, Any] | None) -> None:
@@ -61,7 +67,7 @@ class ShardCommitter:
         if not len(self.shard):
             return
         self._check()
-        shard, self.shard = self.shard, self._new_shard()
+        shard, self.shard = self.shard, self.new_shard()
         name = shard_name(self.task, self.worker, self.seq, self.writer.ext)
         self.seq += 1
         while True:
@@ -91,6 +97,8 @@ class ShardCommitter:
         return self.outcomes()
 
     def _check(self) -> None:
+        if isinstance(self.error, OutputError):  # e.g. the error report could not be synced
+            raise self.error
         if self.error is not None:
             raise RuntimeError(f"the shard writer thread failed: {type(self.error).__name__}: {self.error}") from self.error
 
@@ -102,11 +110,17 @@ class ShardCommitter:
             self.error = exc
 
     def _write(self, shard: ShardData, name: str) -> ShardOutcome:
+        if self.broken is not None:  # after an output fault nothing more is written
+            return ShardOutcome(name, shard, 0.0, self.broken.error, fault=True)
         t0 = time.perf_counter()
         try:
             self.writer.write(shard, name)
+        except OSError as exc:  # disk full, read-only, gone: the run ends, the items wait for a re-run
+            self.broken = ShardOutcome(name, shard, time.perf_counter() - t0, exc, fault=True)
+            return self.broken
         except Exception as exc:  # the encode loop turns the shard's items into error rows
             return ShardOutcome(name, shard, time.perf_counter() - t0, exc)
         self.committed += 1  # committed: from here on nothing may turn its items into errors
+        log_commit(self.out, self.task, self.worker, self.out.root / name)
         self.after_commit()
         return ShardOutcome(name, shard, time.perf_counter() - t0)

@@ -13,7 +13,7 @@ import logging
 import multiprocessing as mp
 import os
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -26,6 +26,8 @@ from ..media import configure_pillow, load_image
 log = logging.getLogger("mmenc")
 
 _STATE: dict[str, Any] = {}
+#: seconds the oldest chunk is waited for before finished chunks behind it are taken first
+PATIENCE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -46,6 +48,7 @@ def _init_worker(preprocessor: ImagePreprocessor, media: MediaConfig, parent: in
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     _STATE["pre"] = preprocessor
     _STATE["media"] = media
+    _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
 
 
 def _watch_parent(pid: int) -> None:
@@ -83,9 +86,29 @@ def decode_one(source: str | bytes, base_dir: str, preprocessor: ImagePreprocess
         return Decoded(None, classify(exc, stage), (time.perf_counter() - t0, 0.0))
 
 
+def item_deadline(media: MediaConfig) -> float:
+    """Seconds one image may take in a worker: every fetch attempt, the waits between them, and
+    --decode-timeout for reading, decoding and preprocessing. A worker past it ends itself."""
+    from ..media.http import BACKOFF_CAP_S, RETRY_AFTER_MAX_S
+
+    waits = media.fetch_retries * max(BACKOFF_CAP_S, RETRY_AFTER_MAX_S)
+    return media.fetch_timeout * (1 + media.fetch_retries) + waits + media.decode_timeout
+
+
 def _decode_chunk(chunk: Sequence[tuple[str | bytes, str]]) -> list[Decoded]:
+    """In a worker: each item under its deadline. faulthandler's watchdog is a C thread, so it ends
+    the process even when a library call hangs holding the GIL; the pool then isolates the item."""
+    import faulthandler
+
     pre, media = _STATE["pre"], _STATE["media"]
-    return [decode_one(src, base, pre, media) for src, base in chunk]
+    out = []
+    for src, base in chunk:
+        faulthandler.dump_traceback_later(item_deadline(media), exit=True, file=_STATE["devnull"])
+        try:
+            out.append(decode_one(src, base, pre, media))
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    return out
 
 
 class _Done:
@@ -99,7 +122,8 @@ class _Done:
 
 
 class DecodePool:
-    """Ordered, bounded decoding: `submit(key, chunk)` then iterate `ready()` / `drain()`.
+    """Bounded decoding: `submit(key, chunk)` then iterate `ready()` / `drain()`; results come in
+    submission order unless the oldest chunk stalls (`_next`).
 
     `workers=0` decodes in the calling process (for tests and tiny runs).
     """
@@ -143,9 +167,14 @@ class DecodePool:
         self._pending.append((key, chunk, fut, self._ex))
         self._in_flight += len(chunk)
 
-    def _pop(self) -> tuple[Any, list[Decoded]]:
-        key, chunk, fut, ex = self._pending.popleft()
+    def _pop(self, index: int = 0) -> tuple[Any, list[Decoded] | None]:
+        """The results of the `index`-th pending chunk (waiting for them); None when the run stops
+        first (the chunk is then neither encoded nor an error: not attempted)."""
+        key, chunk, fut, ex = self._pending[index]
+        del self._pending[index]
         self._in_flight -= len(chunk)
+        if not self._wait(fut):
+            return key, None
         try:
             return key, fut.result()
         except BrokenProcessPool:  # a worker died: every chunk of that pool failed, most of them innocent
@@ -155,6 +184,14 @@ class DecodePool:
                 return key, None
             return key, self._isolate(chunk)
 
+    def _wait(self, fut: Any) -> bool:
+        """Wait for `fut`, looking at the stop request twice a second; False when it came first."""
+        while isinstance(fut, Future) and not fut.done():
+            if self.stop is not None and self.stop.is_set():
+                return False
+            wait([fut], timeout=0.5)
+        return True
+
     def _stopping(self) -> bool:
         # wait briefly: the main thread's own signal handler runs during this wait
         return self.stop is not None and self.stop.wait(0.5)
@@ -163,29 +200,73 @@ class DecodePool:
         """Decode each item of a chunk alone in a fresh pool: only an item that kills a worker by itself fails."""
         out = []
         for item in chunk:
+            t0 = time.monotonic()
+            fut = self._ex.submit(_decode_chunk, [item])
+            if not self._wait(fut):
+                return None
             try:
-                out.append(self._ex.submit(_decode_chunk, [item]).result()[0])
+                out.append(fut.result()[0])
             except BrokenProcessPool as exc:
                 self._restart()
                 if self._stopping():
                     return None
-                out.append(Decoded(None, MMError(f"decode worker died on this item: {exc}", stage="decode",
-                                                 reason="internal", error=type(exc).__name__), (0.0, 0.0)))
+                out.append(Decoded(None, self._death(time.monotonic() - t0, exc), (0.0, 0.0)))
         return out
 
-    def ready(self) -> Iterator[tuple[Any, list[Decoded]]]:
-        """Results of chunks at the head of the queue that are already finished (never blocks),
-        or of the head chunk when the queue is full (blocks)."""
-        while self._pending:
-            fut = self._pending[0][2]
-            if isinstance(fut, Future) and not fut.done() and not self.full():
-                return
-            yield self._pop()
+    def _death(self, seconds: float, exc: BaseException) -> MMError:
+        """The error of an item that ended its worker: by passing its deadline, or by crashing it."""
+        deadline = item_deadline(self.media)
+        if seconds >= deadline:
+            return MMError(f"loading and decoding this image did not finish within {deadline:g} s (the "
+                           "--decode-timeout and fetch limits); its worker was replaced", stage="decode",
+                           reason="media.timeout", error="TimeoutError")
+        return MMError(f"decode worker died on this item: {exc}", stage="decode", reason="internal",
+                       error=type(exc).__name__)
 
-    def drain(self) -> Iterator[tuple[Any, list[Decoded]]]:
-        """All remaining results, in submission order (blocks)."""
+    def ready(self) -> Iterator[tuple[Any, list[Decoded] | None]]:
+        """Results of finished chunks, in submission order, never blocking while the pool has room;
+        when it is full, waits for the oldest chunk (see `_next`)."""
         while self._pending:
-            yield self._pop()
+            if self._done(0):
+                yield self._pop(0)
+                continue
+            if not self.full():
+                return
+            index = self._next()
+            if index is None:
+                return
+            yield self._pop(index)
+
+    def drain(self) -> Iterator[tuple[Any, list[Decoded] | None]]:
+        """All remaining results (blocks); stops early at a stop request, leaving the rest in
+        flight (the run counts it as not attempted)."""
+        while self._pending:
+            index = self._next()
+            if index is None:
+                return
+            yield self._pop(index)
+
+    def _next(self) -> int | None:
+        """The chunk to return next: the oldest one, waited for up to `PATIENCE_S`; after that the
+        oldest finished one behind it (a slow fetch does not hold the rest of the run); None at a
+        stop request."""
+        t0 = time.monotonic()
+        while True:
+            if self._done(0):
+                return 0
+            patient = time.monotonic() - t0 < PATIENCE_S
+            if not patient:
+                later = next((i for i in range(1, len(self._pending)) if self._done(i)), None)
+                if later is not None:
+                    return later
+            if self.stop is not None and self.stop.is_set():
+                return None
+            futures = [self._pending[0][2]] if patient else [p[2] for p in self._pending]
+            wait([f for f in futures if isinstance(f, Future)], timeout=0.25, return_when=FIRST_COMPLETED)
+
+    def _done(self, index: int) -> bool:
+        fut = self._pending[index][2]
+        return not isinstance(fut, Future) or fut.done()
 
     def _restart(self) -> None:
         if self._ex is not None:

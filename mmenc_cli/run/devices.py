@@ -21,6 +21,7 @@ from ..config import RunConfig
 from ..errors import RunError
 from ..locks import TaskLock
 from ..outdir import OutDir
+from ..shardlog import reconcile
 from .counters import Counters, RunResult, threshold_exceeded
 from .metadata import write_task_meta
 from .resume import open_output
@@ -61,6 +62,7 @@ def run_devices(cfg: RunConfig, run_cls: Any, progress: Callable[[Counters], Non
     with out.lock(cfg.task_index, wait=cfg.wait_lock):
         open_output(out, cfg, cfg.task_index)
         out.clean_tmp(cfg.task_index)
+        reconcile(out, cfg.task_index)
         write_task_meta(out, cfg, "running", Counters(), 0.0)
         got, errors = _spawn_and_wait(cfg, run_cls, stop)
         if errors:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from ..errors import MMError
+from ..errors import MMError, OutputError
 from ..idset import AttemptCounts, id_hash
 from ..media.sources import describe_source
 from ..records import InvalidRow, ManifestRow
@@ -29,11 +29,16 @@ class FailureSink:
         self._lock = threading.Lock()  # the writer thread syncs while the loop appends
 
     def record(self, err: MMError, row: ManifestRow, modality: str) -> None:
-        """One item (row, modality) failed."""
+        """One item (row, modality) failed (not attempted when its row cannot be written: the run ends)."""
         attempt = self.attempts.get(id_hash(row.id, modality)) + 1
         source = describe_source(row.image) if modality == "image" else None
-        self._write(ErrorRecord.from_error(err, id=row.id, manifest=row.manifest, line=row.line, offset=row.offset,
-                                           modality=modality, source=source, attempt=attempt, task=self.task))
+        try:
+            self._write(ErrorRecord.from_error(err, id=row.id, manifest=row.manifest, line=row.line,
+                                               offset=row.offset, modality=modality, source=source, attempt=attempt,
+                                               task=self.task))
+        except OutputError:
+            self.counters.add(modality, "not_attempted")
+            raise
         self.counters.add_failure(modality, err.code)
 
     def record_invalid(self, invalid: InvalidRow) -> None:
@@ -41,6 +46,12 @@ class FailureSink:
         self._write(ErrorRecord.from_error(invalid.error, id=invalid.id, manifest=invalid.manifest, line=invalid.line,
                                            offset=invalid.offset, modality=None, task=self.task))
         self.counters.add_row("invalid")
+
+    def resolve_line(self, row: ManifestRow) -> None:
+        """The manifest line of `row` was an invalid line in an earlier run: mark it resolved."""
+        with self._lock:
+            self.writer.write(ErrorRecord.resolved(id=row.id, manifest=row.manifest, line=row.line,
+                                                   offset=row.offset, task=self.task))
 
     def _write(self, record: ErrorRecord) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import __version__
 from ..config import RunConfig
+from ..errors import ConfigError
 from ..encoders.base import Encoder
 from ..outdir import OutDir, read_json
 from .counters import Counters, RunResult
@@ -42,9 +43,13 @@ def model_stamp(model: str) -> str | None:
 
 
 def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
-    """The options that change the vectors or schema, with the dtype already resolved."""
+    """The options that change the vectors or schema, with the dtype already resolved.
+    ConfigError for `--revision` with a local folder, which has no revisions to pick from."""
     m = cfg.model
     path = Path(m.model).expanduser()
+    if m.revision is not None and path.is_dir():
+        raise ConfigError(f"--revision {m.revision} names a hub revision, but {m.model} is a local folder: "
+                          "drop --revision, or give the hub id")
     return {
         "model": str(path.resolve()) if path.is_dir() else m.model,
         "model_stamp": model_stamp(m.model),
@@ -65,9 +70,9 @@ def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k}: output has {old.get(k)!r}, this run {new.get(k)!r}" for k in FINGERPRINT_KEYS if old.get(k) != new.get(k)]
 
 
-def resolved_dtype(cfg: RunConfig) -> str:
-    """The compute dtype name this run will use (imports torch only to resolve an 'auto' device)."""
-    dtype, device = cfg.model.dtype, cfg.model.devices[0]
+def resolved_dtype(cfg: RunConfig, device: str) -> str:
+    """The compute dtype name a run on `device` uses (imports torch only to resolve an 'auto' device)."""
+    dtype = cfg.model.dtype
     if dtype != "auto":
         return dtype
     if device in ("cpu", "mps"):
@@ -106,7 +111,7 @@ def library_versions() -> dict[str, str]:
 
 
 def write_task_meta(out: OutDir, cfg: RunConfig, state: str, counters: Counters, elapsed: float,
-                    result: RunResult | None = None) -> None:
+                    result: RunResult | None = None, error: str | None = None) -> None:
     """Record this task's state, counts, timings and versions under `_mmenc/tasks/`."""
     path = out.task_meta_path(cfg.task_index)
     data = {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
@@ -115,7 +120,7 @@ def write_task_meta(out: OutDir, cfg: RunConfig, state: str, counters: Counters,
             "versions": library_versions(), "config": cfg.to_dict(),
             "threshold_exceeded": result.threshold_exceeded if result else None,
             "model_loaded": result.model_loaded if result else None,
-            "forward": result.forward if result else None,
+            "forward": result.forward if result else None, "error": error,
             "events": (result.events if result else [])[-50:]}
     previous = read_json(path)
     if state == "running" and isinstance(previous, dict):

@@ -28,6 +28,7 @@ from ..outdir import OutDir
 from ..readers import iter_rows
 from ..records import InvalidRow, Item, ManifestRow
 from ..report import ErrorReportWriter
+from ..shardlog import reconcile
 from ..writers import make_writer
 from .commit import ShardCommitter
 from .counters import Counters, RunResult, threshold_exceeded
@@ -38,6 +39,7 @@ from .images import ImageFeed
 from .metadata import fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
 from .resume import History, check_commit, check_output, load_history, open_output
 from .stage import EncodeStage
+from .stopping import Interrupted, interruptible
 from .texts import TextFeed
 
 log = logging.getLogger("mmenc")
@@ -68,6 +70,11 @@ class EncodeRun:
         self.stopped_by: str | None = None
 
     # -- setup ----------------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """This worker's device (one of `--device`'s list)."""
+        return self.cfg.model.devices[self.worker % len(self.cfg.model.devices)]
+
     def run(self) -> RunResult:
         """Run the task: take its lock (unless a device worker under its parent's lock) and encode."""
         t_start = time.perf_counter()
@@ -81,6 +88,7 @@ class EncodeRun:
         with lock:
             open_output(self.out, self.cfg, self.task)
             self.out.clean_tmp(self.task)
+            reconcile(self.out, self.task)
             return self._run_locked(t_start)
 
     def load_encoder(self) -> Encoder:
@@ -95,8 +103,8 @@ class EncodeRun:
             from ..encoders import load_encoder as factory
 
             hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron and Slurm logs
-        device = self.cfg.model.devices[self.worker % len(self.cfg.model.devices)]
-        self.encoder = factory(self.cfg.model, device=device)
+        with interruptible(self.stop):
+            self.encoder = factory(self.cfg.model, device=self.device)
         self.counters.add_seconds("load", time.perf_counter() - t0)
         log.debug("model %s loaded in %.1f s", self.cfg.model.model, time.perf_counter() - t0)
         check_commit(self.out, self.cfg.model.model, self.facts or {}, self.encoder.info)
@@ -104,7 +112,7 @@ class EncodeRun:
 
     def _init_facts(self) -> dict[str, Any]:
         """The output's facts: from its metadata when the options match, else from the loaded model."""
-        dtype = resolved_dtype(self.cfg)
+        dtype = resolved_dtype(self.cfg, self.device)
         fp = fingerprint(self.cfg, dtype)
         facts = check_output(self.out, fp)
         if facts is None:
@@ -117,27 +125,52 @@ class EncodeRun:
         return facts
 
     def _run_locked(self, t_start: float) -> RunResult:
-        cfg = self.cfg
         if self.stop.is_set():  # stopped before starting: do not load a model for nothing
             return self._result("interrupted", t_start)
-        facts = self.facts = self._init_facts()
-        modalities = tuple(cfg.modalities or facts["modalities"])
-        missing = [m for m in modalities if m not in facts["modalities"]]
-        if missing:
-            raise OutputError(f"model {cfg.model.model} cannot encode {', '.join(missing)} "
-                              f"(it supports: {', '.join(facts['modalities'])})")
-        if self.primary:
-            write_task_meta(self.out, cfg, "running", self.counters, time.perf_counter() - t_start)
-        history = load_history(self.out)
-        with ErrorReportWriter(self.out.error_report_path(self.task, self.worker)) as report:
-            self.failures = FailureSink(report, self.counters, history.attempts, self.task, self._failed)
-            self._loop(modalities, history)
+        try:
+            with interruptible(self.stop):
+                self.facts = self._init_facts()
+            modalities = self._modalities()
+            if self.primary:
+                write_task_meta(self.out, self.cfg, "running", self.counters, time.perf_counter() - t_start)
+            with interruptible(self.stop):
+                history = load_history(self.out)
+        except Interrupted:
+            return self._finish("interrupted", t_start)
+        try:
+            with ErrorReportWriter(self.out.error_report_path(self.task, self.worker)) as report:
+                self.failures = FailureSink(report, self.counters, history.attempts, self.task, self._failed)
+                self._loop(modalities, history)
+        except OutputError as exc:  # a fault of the output ends the run as a whole (exit 3)
+            self._finish("failed", t_start, error=str(exc))
+            raise
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, and still say so
+            self._finish("interrupted", t_start)
+            raise
         state = "done"
         if self.stop.is_set():
             state = "stopped" if self.stopped_by == "fail-fast" else "interrupted"
+        return self._finish(state, t_start)
+
+    def _modalities(self) -> tuple[str, ...]:
+        """The modalities this run encodes (those asked, else all the output's model has)."""
+        facts = self.facts
+        modalities = tuple(self.cfg.modalities or facts["modalities"])
+        missing = [m for m in modalities if m not in facts["modalities"]]
+        if missing:
+            raise OutputError(f"model {self.cfg.model.model} cannot encode {', '.join(missing)} "
+                              f"(it supports: {', '.join(facts['modalities'])})")
+        return modalities
+
+    def _finish(self, state: str, t_start: float, error: str | None = None) -> RunResult:
+        """The run's result, recorded in the task metadata (best effort after a fault of the output)."""
         result = self._result(state, t_start)
         if self.primary:
-            write_task_meta(self.out, cfg, state, self.counters, result.elapsed, result)
+            try:
+                write_task_meta(self.out, self.cfg, state, self.counters, result.elapsed, result, error=error)
+            except OutputError:
+                if error is None:
+                    raise
         return result
 
     def _result(self, state: str, t_start: float) -> RunResult:
@@ -187,9 +220,17 @@ class EncodeRun:
                         f"id {rec.id!r} is already used by an earlier row of this run",
                         stage="validate", reason="manifest.duplicate_id")), history)
                 else:
+                    if id_hash(rec.manifest, str(rec.offset)) in history.invalid:  # repaired since
+                        self.failures.resolve_line(rec)  # type: ignore[union-attr]
                     self._request(rec, modalities, history, stages)
                 stages.pump()
             stages.finish(interrupted=self.stop.is_set())
+        except Interrupted:  # a stop request while the model loaded or a window was tokenized
+            stages.finish(interrupted=True)
+        except OutputError:  # a fault of the output: what is not committed is left for a re-run
+            self.stop.set()
+            stages.abandon()
+            raise
         except BaseException:
             stages.abort()
             raise
@@ -247,7 +288,7 @@ class Stages:
         if self.texts is None:
             stage = self._ready()
             self.texts = TextFeed(stage.encoder, self.cfg.batch.batch_size, self.run.counters,
-                                  lambda items, payloads: stage("text", items, payloads), self.run.stop.is_set)
+                                  lambda items, payloads: stage("text", items, payloads), self.run.stop)
         return self.texts
 
     def _image_feed(self) -> ImageFeed:
@@ -263,7 +304,14 @@ class Stages:
         return self.images
 
     def add(self, item: Item) -> None:
-        """Accept one pending item."""
+        """Accept one pending item (not attempted when a stop interrupts the model's loading)."""
+        try:
+            self._add(item)
+        except Interrupted:
+            self.run.counters.add(item.modality, "not_attempted")
+            raise
+
+    def _add(self, item: Item) -> None:
         if item.modality == "image":
             self._image_feed().add(item)
             return
@@ -273,7 +321,13 @@ class Stages:
             self.run.failures.record(MMError("text is empty after stripping whitespace", stage="validate",
                                              reason="text.empty"), item.row, "text")
             return
-        self._text_feed().add(item, self.cfg.model.text_prefix + text)
+        feed = self._text_feed()
+        prefix = self.cfg.model.text_prefix
+        limit = self.stage.encoder.max_text_chars if self.stage is not None else None
+        if limit is not None and len(prefix) + len(text) > limit:  # bounded work per item
+            feed.add(Item(item.row, item.modality, cut=True), (prefix + text[:limit])[:limit])
+        else:
+            feed.add(item, prefix + text)
 
     def pump(self) -> None:
         """Encode whatever is ready: full text windows, finished decodes, full image batches."""
@@ -296,6 +350,14 @@ class Stages:
         finally:
             for _modality, feed in feeds:
                 feed.close()
+
+    def abandon(self) -> None:
+        """After a fault of the output: count everything not committed as not attempted, stop."""
+        for modality, feed in (("image", self.images), ("text", self.texts)):
+            if feed is not None:
+                self.run.counters.add(modality, "not_attempted", feed.drop())
+        if self.stage is not None:
+            self.stage.abandon()
 
     def abort(self) -> None:
         """Stop workers and the writer thread after an unexpected error."""

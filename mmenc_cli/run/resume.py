@@ -40,17 +40,22 @@ def load_history(out: OutDir) -> History:
     parts = [np.fromiter((id_hash(i, m) for i, m in zip(ids, mods)), dtype=np.uint64, count=len(ids))
              for _shard, ids, mods in iter_shard_keys(out)]
     history = History(done=HashSet64(np.concatenate(parts) if parts else np.zeros(0, np.uint64)))  # one sort
+    lines: dict[int, tuple[str, str]] = {}  # invalid lines: (time, status) of the latest row each
     for row in iter_error_records(out.error_report_paths()):
-        if row.get("status") != "failed":
-            continue
         if row.get("modality") is None:
-            history.invalid.add(id_hash(row.get("manifest"), str(row.get("offset"))))
+            key, seen = id_hash(row.get("manifest"), str(row.get("offset"))), (str(row.get("time")), "")
+            if seen[0] >= lines.get(key, ("", ""))[0]:
+                lines[key] = (seen[0], str(row.get("status")))
+            continue
+        if row.get("status") != "failed":
             continue
         key = id_hash(row.get("id"), row.get("modality"))
         history.attempts.add(key, int(row.get("attempt") or 1))
         if int(row.get("code") or 500) not in RETRYABLE_CODES:
             history.failed.add(id_hash(row.get("id"), row.get("modality"), row.get("manifest")))
     history.attempts.freeze()
+    history.invalid = HashSet64(np.fromiter((k for k, (_, status) in lines.items() if status == "failed"),
+                                            dtype=np.uint64))
     return history
 
 
@@ -58,6 +63,9 @@ def check_output(out: OutDir, fp: dict[str, Any]) -> dict[str, Any] | None:
     """Compare with the output's recorded fingerprint; return its facts when they match, None for
     a new output. OutputError when the options differ or OUT holds shards without metadata."""
     meta = out.read_run_meta()
+    if meta is not None and not isinstance(meta, dict) or meta is None and out.run_meta_path.exists():
+        raise OutputError(f"{out.run_meta_path} is damaged (not the run's options and facts): restore it, or "
+                          "start over with --overwrite")
     if meta is None:
         if out.shards():
             raise OutputError(f"{out.root} holds shards but no {out.run_meta_path.name}: "

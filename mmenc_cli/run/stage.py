@@ -9,12 +9,13 @@ turns its items from encoded into `write.failed` error rows.
 
 from __future__ import annotations
 
+import errno
 import time
 from typing import Any, Callable
 
 from ..batching import BatchRunner
 from ..encoders.base import EncodeOutput, Encoder
-from ..errors import MMError
+from ..errors import MMError, OutputError
 from ..records import Item
 from .commit import ShardCommitter, ShardOutcome
 from .counters import Counters
@@ -59,22 +60,32 @@ class EncodeStage:
         t0 = time.perf_counter()
         outcomes = self.runner.run(modality, payloads)
         self.counters.add_seconds("encode", time.perf_counter() - t0)
-        for item, payload, oc in zip(items, payloads, outcomes):
+        for i, (item, payload, oc) in enumerate(zip(items, payloads, outcomes)):
             if oc.error is not None:
-                self.failures.record(oc.error, item.row, modality)
+                try:
+                    self.failures.record(oc.error, item.row, modality)
+                except OutputError:  # the report cannot be written: the rest waits for a re-run
+                    self.counters.add(modality, "not_attempted", len(items) - i - 1)
+                    raise
                 continue
             self.counters.add(modality, "encoded")
-            self.counters.add(modality, "truncated", int(oc.truncated))
+            self.counters.add(modality, "truncated", int(oc.truncated or item.cut))
             self.committer.add(item.row, modality, oc.value, payload.meta if modality == "image" else None)
         self.events += self.runner.stats.events
         self.runner.stats.events.clear()
         self.settle(self.committer.outcomes())
         self.progress(self.counters)
 
-    def settle(self, outcomes: list[ShardOutcome]) -> None:
-        """Count the written shards; a shard that failed turns its items into error rows."""
+    def settle(self, outcomes: list[ShardOutcome], raise_fault: bool = True) -> None:
+        """Count the written shards; a shard that failed turns its items into error rows; a fault
+        of the output leaves them not attempted and raises `OutputError` (the run ends)."""
+        fault = None
         for oc in outcomes:
             self.counters.add_seconds("write", oc.seconds)
+            if oc.fault:
+                self._not_attempted(oc.shard.modalities)
+                fault = fault or oc
+                continue
             if oc.error is None:
                 continue
             err = MMError(f"could not write shard {oc.name}: {oc.error}", stage="write", reason="write.failed",
@@ -82,6 +93,13 @@ class EncodeStage:
             for row, modality in zip(oc.shard.refs, oc.shard.modalities):
                 self.counters.add(modality, "encoded", -1)
                 self.failures.record(err, row, modality)
+        if fault is not None and raise_fault:
+            raise output_fault(fault)
+
+    def _not_attempted(self, modalities: list[str]) -> None:
+        for modality in modalities:
+            self.counters.add(modality, "encoded", -1)
+            self.counters.add(modality, "not_attempted")
 
     def finish(self) -> None:
         """Commit the shard being filled and wait for every write; record the forward's GPU time."""
@@ -90,6 +108,24 @@ class EncodeStage:
         if (busy := self.encoder.device_seconds()) is not None:
             self.counters.add_seconds("forward_device", busy)  # CUDA events: the forward's GPU time
 
+    def abandon(self) -> None:
+        """After a fault of the output: the shard being filled and every shard not written are
+        left for a re-run (not attempted); the writer thread stops."""
+        self._not_attempted(self.committer.shard.modalities)
+        self.committer.shard = self.committer.new_shard()
+        self.settle(self.committer.close(check=False), raise_fault=False)
+
     def abort(self) -> None:
         """Stop the writer thread after an unexpected error (what is queued is still written)."""
         self.committer.close(check=False)
+
+
+def output_fault(oc: ShardOutcome) -> OutputError:
+    """The run-level error of a shard that the output could not take (disk full, read-only, ...)."""
+    exc = oc.error
+    where, cause = "", str(exc)
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        cause = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno or 0, exc.errno)})"
+    return OutputError(f"cannot write shard {oc.name}{where}: {cause}; whole shards are committed, the rest is "
+                       "left for a re-run: free the space or fix the permissions, then run the same command")

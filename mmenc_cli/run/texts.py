@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -21,6 +22,7 @@ from typing import Any, Callable, Sequence
 from ..encoders.base import Encoder
 from ..records import Item
 from .counters import Counters
+from .stopping import interruptible
 
 log = logging.getLogger("mmenc")
 
@@ -66,13 +68,15 @@ class TextFeed:
     """
 
     def __init__(self, encoder: Encoder, batch_size: int, counters: Counters,
-                 encode: Callable[[list[Item], list[Any]], None], stopped: Callable[[], bool]) -> None:
-        self.batch_size, self.counters, self.encode, self.stopped = batch_size, counters, encode, stopped
+                 encode: Callable[[list[Item], list[Any]], None], stop: threading.Event) -> None:
+        self.batch_size, self.counters, self.encode, self.stop = batch_size, counters, encode, stop
+        self.stopped = stop.is_set
         self.texts: Window = []  # waiting for their window to fill
         # windows cut and being (or done) tokenized, oldest first, each with its tokenize job (a
         # future when tokenized ahead, else its seconds)
         self.windows: collections.deque[tuple[Window, Future[float] | float]] = collections.deque()
         self.carry: Window = []  # sorted texts that did not fill a batch
+        self.todo: Window = []  # the window's sorted texts not yet handed to `encode`
         self.ahead: ThreadPoolExecutor | None = None
         if tokenize_ahead(encoder.device) and (ahead := encoder.text_pretokenizer(other_thread=True)):
             self.pretokenize: Pretokenize | None = ahead
@@ -103,8 +107,8 @@ class TextFeed:
     def drop(self) -> int:
         """Give up the texts not encoded (the run stops as a whole); return how many."""
         self.close()
-        dropped = len(self.texts) + len(self.carry) + sum(len(w) for w, _ in self.windows)
-        self.texts, self.carry = [], []
+        dropped = len(self.texts) + len(self.carry) + len(self.todo) + sum(len(w) for w, _ in self.windows)
+        self.texts, self.carry, self.todo = [], [], []
         self.windows.clear()
         return dropped
 
@@ -118,8 +122,10 @@ class TextFeed:
         window, self.texts = self.texts, []
         if self.ahead is not None:
             self.windows.append((window, self.ahead.submit(pretokenize_window, window, self.pretokenize)))
-        else:
-            self.windows.append((window, pretokenize_window(window, self.pretokenize)))
+            return
+        self.windows.append((window, 0.0))  # first: a stop while tokenizing leaves it to `drop`
+        with interruptible(self.stop):
+            self.windows[-1] = (window, pretokenize_window(window, self.pretokenize))
 
     def _encode_window(self, final: bool) -> None:
         """Encode the oldest window (with the texts carried over) in full batches sorted by length;
@@ -131,10 +137,7 @@ class TextFeed:
         texts.sort(key=lambda t: (not isinstance(t[1], str), len(t[1])))
         bs = self.batch_size
         cut = len(texts) if final else (len(texts) // bs) * bs
-        todo, self.carry = texts[:cut], texts[cut:]
-        for start in range(0, len(todo), bs * 4):
-            if self.stopped():  # what is left is not attempted (`drop` counts it)
-                self.carry = todo[start:] + self.carry
-                return
-            part = todo[start:start + bs * 4]
+        self.todo, self.carry = texts[:cut], texts[cut:]
+        while self.todo and not self.stopped():  # what a stop leaves is not attempted (`drop` counts it)
+            part, self.todo = self.todo[:bs * 4], self.todo[bs * 4:]
             self.encode([p[0] for p in part], [p[1] for p in part])

@@ -38,10 +38,10 @@ def test_only_the_encode_loop_thread_changes_the_counters(tmp_path: Path, monkey
     writes = {"n": 0}
     real_write = ParquetShardWriter.write
 
-    def write(self, data, name):  # the third shard cannot be written
+    def write(self, data, name):  # the third shard cannot be written (its data, not the disk: see robustness/)
         writes["n"] += 1
         if writes["n"] == 3:
-            raise OSError(5, "Input/output error")
+            raise ValueError("this shard's data cannot be written")
         return real_write(self, data, name)
 
     monkeypatch.setattr(Counters, "_touch", touch)

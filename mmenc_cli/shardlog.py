@@ -1,0 +1,110 @@
+"""The committed-shard log: which shards each task and worker committed, so readers notice one
+that went missing.
+
+`_mmenc/tasks/shards-tTTTTT-wWW.jsonl` gets one line (`name`, `rows`, `bytes`) after each shard's
+rename, on the writer thread. `mmenc inspect` and `mmenc status` compare it with the shards on
+disk: a listed shard that is gone is a problem to name (re-run the task: its items are encoded
+again). A task's run, at its start, reconciles its logs with the disk: it drops what is gone
+(those items are not done, so the run encodes them again) and adds what a killed run committed
+without listing. A task with no log at all (an output of an earlier mmenc) is not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .outdir import OutDir, metadata_fault, parse_shard_name
+
+log = logging.getLogger("mmenc")
+
+
+def log_commit(out: OutDir, task: int, worker: int, shard: Path) -> None:
+    """Append one committed shard to its (task, worker) log, durably."""
+    rows = _rows(out, shard)
+    line = json.dumps({"name": shard.name, "rows": rows, "bytes": shard.stat().st_size}) + "\n"
+    path = out.shard_log_path(task, worker)
+    try:
+        with open(path, "a", encoding="ascii") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise metadata_fault(path, exc) from exc
+
+
+def _rows(out: OutDir, shard: Path) -> int | None:
+    """A committed shard's row count from its footer (Parquet: the shard or its sidecar/index)."""
+    import pyarrow.parquet as pq
+
+    source = shard
+    if shard.suffix != ".parquet":
+        index = out.index_path(shard.name)
+        source = index if index.exists() else out.sidecar_path(shard.name)
+    try:
+        return int(pq.ParquetFile(source).metadata.num_rows)
+    except Exception:  # counted when readable; a damaged shard is the readers' finding
+        return None
+
+
+def read_logs(out: OutDir, damaged: list[str] | None = None) -> dict[tuple[int, int], dict[str, dict[str, Any]]]:
+    """(task, worker) -> {shard name: entry} of every log; unreadable lines named in `damaged`."""
+    logs: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for path in out.shard_log_paths():
+        try:
+            task, worker = int(path.stem[8:13]), int(path.stem[15:])
+        except ValueError:
+            continue
+        entries = logs.setdefault((task, worker), {})
+        for number, raw in enumerate(path.read_bytes().splitlines(), 1):
+            try:
+                entry = json.loads(raw.decode("ascii"))
+                entries[str(entry["name"])] = entry
+            except (ValueError, KeyError, TypeError):
+                if damaged is not None and raw.strip():
+                    damaged.append(f"{path}: line {number} is not a shard entry")
+    return logs
+
+
+def missing_shards(out: OutDir) -> list[str]:
+    """Shards a log lists as committed that are not in OUT."""
+    present = {p.name for p in out.shards()}
+    return sorted(name for entries in read_logs(out).values() for name in entries if name not in present)
+
+
+def reconcile(out: OutDir, task: int) -> list[str]:
+    """At a task's start (under its lock): rewrite its logs to list exactly the shards on disk;
+    return the names that were listed and are gone (their items will be encoded again)."""
+    present: dict[int, list[Path]] = {}
+    for shard in out.shards():
+        parsed = parse_shard_name(shard.name)
+        if parsed and parsed.task == task:
+            present.setdefault(parsed.worker, []).append(shard)
+    logs = {worker: entries for (t, worker), entries in read_logs(out).items() if t == task}
+    gone: list[str] = []
+    for worker in sorted(set(logs) | set(present)):
+        entries, on_disk = logs.get(worker, {}), present.get(worker, [])
+        gone += [name for name in entries if name not in {p.name for p in on_disk}]
+        if set(entries) != {p.name for p in on_disk}:
+            _rewrite(out, task, worker, [entries.get(p.name) or _entry(out, p) for p in on_disk])
+    for name in gone:
+        log.warning("shard %s was committed but is missing from %s: its items are encoded again", name, out.root)
+    return gone
+
+
+def _entry(out: OutDir, shard: Path) -> dict[str, Any]:
+    return {"name": shard.name, "rows": _rows(out, shard), "bytes": shard.stat().st_size}
+
+
+def _rewrite(out: OutDir, task: int, worker: int, entries: list[dict[str, Any]]) -> None:
+    path = out.shard_log_path(task, worker)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="ascii")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise metadata_fault(path, exc) from exc
+

@@ -114,6 +114,18 @@ def metadata_fault(path: Path, exc: OSError) -> OutputError:
                        "then run the same command")
 
 
+#: side files are Parquet named `.pq`, so tools that glob OUT for `*.parquet` (embedding-reader)
+#: see only the embedding shards; outputs written before read with their `.parquet` side files
+SIDE_EXT, LEGACY_SIDE_EXT = ".pq", ".parquet"
+
+
+def _side_file(folder: Path, shard: str) -> Path:
+    stem = Path(shard).stem
+    path = folder / (stem + SIDE_EXT)
+    legacy = folder / (stem + LEGACY_SIDE_EXT)
+    return legacy if not path.exists() and legacy.exists() else path
+
+
 class OutDir:
     """Paths and operations on one output folder."""
 
@@ -136,7 +148,8 @@ class OutDir:
         return sorted((self.meta / "errors").glob("errors-t*-w*.jsonl"))
 
     def sidecar_path(self, shard: str) -> Path:
-        return self.meta / "sidecars" / (Path(shard).stem + ".parquet")
+        """The Parquet sidecar of a safetensors shard (ids, rows, kept fields)."""
+        return _side_file(self.meta / "sidecars", shard)
 
     @property
     def slurm_dir(self) -> Path:
@@ -150,7 +163,7 @@ class OutDir:
 
     def index_path(self, shard: str) -> Path:
         """The Parquet index of a token shard (ids, grids, sizes, kept fields)."""
-        return self.meta / "index" / (Path(shard).stem + ".parquet")
+        return _side_file(self.meta / "index", shard)
 
     def tmp_path(self, name: str) -> Path:
         return self.meta / "tmp" / f".{name}.tmp"
@@ -205,7 +218,7 @@ class OutDir:
                 path.unlink(missing_ok=True)
                 removed += 1
         for folder in ("sidecars", "index"):  # safetensors sidecars, token-shard indexes
-            for side in (self.meta / folder).glob(f"part-t{task:05d}-*.parquet"):
+            for side in (self.meta / folder).glob(f"part-t{task:05d}-*.p*"):
                 if not any((self.root / (side.stem + ext)).exists() for ext in SHARD_EXTS):
                     side.unlink(missing_ok=True)  # written for a shard whose rename never happened
                     removed += 1

@@ -115,10 +115,10 @@ def test_tokens_budget_index_and_reference(qwen2vl: Path, corpus: Any, tmp_path:
     # layout: data files at the top, the index under _mmenc/index, float16 by default
     od = OutDir(out)
     assert [p.suffix for p in od.shards()] == [".safetensors"] * 3
-    assert sorted(p.name for p in (od.meta / "index").iterdir()) == [p.stem + ".parquet" for p in od.shards()]
+    assert sorted(p.name for p in (od.meta / "index").iterdir()) == [p.stem + ".pq" for p in od.shards()]
     import pyarrow.parquet as pq
 
-    index = pq.read_table(od.meta / "index" / (od.shards()[0].stem + ".parquet"))
+    index = pq.read_table(od.meta / "index" / (od.shards()[0].stem + ".pq"))
     assert index.column_names == ["id", "modality", "shard", "key", "tokens", "dim", "dtype", "image_grid_thw",
                                   "orig_width", "orig_height", "min_pixels", "max_pixels", "tag"]
     grid_type = index.schema.field("image_grid_thw").type
@@ -262,7 +262,7 @@ def test_index_of_an_unrenamed_shard_is_cleaned(qwen2vl: Path, corpus: Any, tmp_
     out = tmp_path / "out"
     run_encode(make_cfg(corpus[0], out, qwen2vl))
     od = OutDir(out)
-    orphan = od.meta / "index" / "part-t00000-w00-000099.parquet"
+    orphan = od.meta / "index" / "part-t00000-w00-000099.pq"
     orphan.write_bytes(b"half written")
     kept = sorted((od.meta / "index").iterdir())
     assert od.clean_tmp(0) == 1

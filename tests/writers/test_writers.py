@@ -194,7 +194,7 @@ def test_safetensors_tensors_and_sidecar(out: OutDir) -> None:
     assert path == out.root / SAFETENSORS
     assert top_files(out) == [SAFETENSORS]
     assert tmp_files(out) == []
-    side_path = out.meta / "sidecars" / "part-t00000-w00-000000.parquet"
+    side_path = out.meta / "sidecars" / "part-t00000-w00-000000.pq"
     assert side_path.exists()
     side = pq.read_table(side_path)
     assert side.column_names == ["id", "modality", "row", "lab"]
@@ -299,7 +299,7 @@ def test_token_shard_and_index(out: OutDir, dtype: str) -> None:
     assert json.loads(header["mmenc"]) == TOKEN_META
     assert header["mmenc_layout"] == "tokens"
 
-    index_file = out.meta / "index" / "part-t00000-w00-000000.parquet"
+    index_file = out.meta / "index" / "part-t00000-w00-000000.pq"
     assert index_file.exists()
     index = pq.read_table(index_file)
     assert index.column_names == [*INDEX_COLUMNS, "lab"]

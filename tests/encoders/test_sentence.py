@@ -194,23 +194,33 @@ def test_texts_tokenized_ahead_on_a_thread_give_the_same_vectors(tmp_path: Path,
     events: list[tuple[str, str, int]] = []
     real_pre, real_pad = hf.HFEncoder.pretokenize, hf.HFEncoder._pad
 
+    two_windows = threading.Event()  # set once two windows are tokenized (ahead: on the thread)
+
     def pre(self, batch, tokenizer=None):
         events.append(("tokenize", threading.current_thread().name, len(batch)))
+        if sum(1 for e in events if e[0] == "tokenize") >= 2:
+            two_windows.set()
         if any("fail" in t for t in batch):
             raise ValueError("tokenizer broke")
         assert tokenizer is not self._tokenizer or threading.current_thread() is threading.main_thread()
         return real_pre(self, batch, tokenizer)
 
     def pad(self, items):
+        if ahead_mode[0]:  # the second window is on the thread by now: wait for it, however slow the CPU
+            two_windows.wait(30)
         events.append(("encode", threading.current_thread().name, len(items)))
         return real_pad(self, items)
 
     monkeypatch.setattr(hf.HFEncoder, "pretokenize", pre)
     monkeypatch.setattr(hf.HFEncoder, "_pad", pad)
 
+    ahead_mode = [False]
+
     def run(ahead: str, out: str) -> dict[str, np.ndarray]:
         monkeypatch.setenv("MMENC_TOKENIZE_AHEAD", ahead)
         events.clear()
+        two_windows.clear()
+        ahead_mode[0] = ahead == "1"
         cfg = RunConfig(manifests=(str(manifest),), model=ModelConfig(model=str(path), device="cpu"),
                         writer=WriterConfig(out=str(tmp_path / out)), batch=BatchConfig(batch_size=5, workers=0),
                         modalities=("text",))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -25,11 +25,12 @@ RESERVED_COLUMNS = frozenset({"id", "modality", "embedding"})
 
 @dataclass(frozen=True)
 class ManifestConfig:
-    """Which manifest keys hold the id, image and text, which fields to keep, how many rows."""
+    """Which keys hold the id, image and text (None: the input format's own, `readers.validate.keys_for`),
+    which fields to keep, how many rows."""
 
-    id_key: str = "id"
-    image_key: str = "image"
-    text_key: str = "text"
+    id_key: str | None = None
+    image_key: str | None = None
+    text_key: str | None = None
     keep: tuple[str, ...] = ()
     limit: int | None = None
     csv_multiline: bool = False  # CSV quoted fields may span lines: tasks parse from the top (exact, slower)

@@ -42,6 +42,17 @@ class InvalidRow:
 
 
 @dataclass(slots=True)
+class NotDownloaded:
+    """A row of an img2dataset shard's metadata whose download failed: counted apart, not encoded."""
+
+    manifest: str
+    offset: int
+    id: str | None
+    status: str | None
+    message: str | None = None
+
+
+@dataclass(slots=True)
 class Item:
     """One (row, modality) to encode; `cut`: its text was cut before tokenizing (counted as truncated)."""
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 from .errors import MMError, OutputError, printable, trim_message
 from .idset import HashSet64, id_hash
 from .outdir import OutDir, iter_shard_keys
-from .readers import read_raw_row
+from .readers import read_raw_row, source_format
 
 
 @dataclass(slots=True)
@@ -259,28 +259,49 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+#: input formats whose rows `retry` rewrites as JSONL rows (the others keep their own fields)
+_REWRITTEN = frozenset({"tar", "folder", "i2d-files", "i2d-parquet"})
+
+
 def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Rebuild the original manifest rows of failed items: absolute image paths (inline bytes as
-    data URIs), kept fields, and only the failed modalities' fields. Invalid lines are skipped."""
-    od = OutDir(out)
-    cfg = (od.read_run_meta() or {}).get("config", {}).get("manifest", {})
-    id_key, image_key, text_key = cfg.get("id_key", "id"), cfg.get("image_key", "image"), cfg.get("text_key", "text")
-    by_row: dict[tuple[str, int], set[str]] = {}
+    """Rebuild the manifest rows of failed items: absolute image paths (inline bytes, a tar's
+    images included, as data URIs), kept fields, and only the failed modalities' fields. A row of a
+    manifest keeps its own fields; a sample of a tar shard or a folder becomes a JSONL row under the
+    keys `--id-key`/`--image-key`/`--text-key` name (`id`, `image`, `text` by default). Invalid
+    lines are skipped."""
+    from .config import ManifestConfig
+    from .readers.validate import keys_for
+
+    run = OutDir(out).read_run_meta()
+    given = ((run if isinstance(run, dict) else {}).get("config") or {}).get("manifest") or {}
+    cfg = ManifestConfig(id_key=given.get("id_key"), image_key=given.get("image_key"),
+                         text_key=given.get("text_key"), keep=tuple(given.get("keep") or ()))
+    by_row: dict[tuple[str, int], tuple[set[str], Any]] = {}
     for r in rows:
         if r.get("modality") is None or r.get("manifest") in (None, "") or r.get("offset") is None:
             continue
-        by_row.setdefault((r["manifest"], int(r["offset"])), set()).add(r["modality"])
-    for (manifest, offset), modalities in sorted(by_row.items()):
-        raw = dict(read_raw_row(manifest, offset))
+        by_row.setdefault((r["manifest"], int(r["offset"])), (set(), r.get("id")))[0].add(r["modality"])
+    for (manifest, offset), (modalities, row_id) in sorted(by_row.items()):
+        fmt = source_format(manifest)
+        keys = keys_for(fmt, cfg)
+        raw = dict(read_raw_row(manifest, offset, id=row_id))
+        image_key = next((k for k in keys.image if raw.get(k) is not None), keys.image[0])
+        base = manifest if fmt in ("folder", "i2d-files") else os.path.dirname(os.path.abspath(manifest))
+        if fmt in _REWRITTEN:
+            raw = {cfg.id_key or "id": row_id, **{k: raw.get(k) for k in keys.keep},
+                   cfg.image_key or "image": raw.get(image_key), cfg.text_key or "text": raw.get(keys.text)}
+            image_key, text_key, id_key = cfg.image_key or "image", cfg.text_key or "text", cfg.id_key or "id"
+        else:
+            text_key, id_key = keys.text, keys.id
         if "image" not in modalities:
             raw.pop(image_key, None)
         else:
-            raw[image_key] = _absolute_image(raw.get(image_key), os.path.dirname(os.path.abspath(manifest)))
+            raw[image_key] = _absolute_image(raw.get(image_key), base)
         if "text" not in modalities:
             raw.pop(text_key, None)
         if isinstance(raw.get(id_key), int):
             raw[id_key] = str(raw[id_key])
-        yield {k: _jsonable(v) for k, v in raw.items()}
+        yield {k: _jsonable(v) for k, v in raw.items() if v is not None or fmt not in _REWRITTEN}
 
 
 def _absolute_image(value: Any, base: str) -> Any:
@@ -289,6 +310,8 @@ def _absolute_image(value: Any, base: str) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return _data_uri(bytes(value))
     if isinstance(value, str) and value and "://" not in value and not value.startswith("data:"):
+        if "://" in base:  # a folder behind an fsspec URL
+            return base.rstrip("/") + "/" + value
         return os.path.abspath(os.path.join(base, os.path.expanduser(value)))
     return value
 

@@ -77,10 +77,10 @@ class Signals:
 def build_config(o: dict[str, Any]) -> Any:
     """The `RunConfig` of the encode options `o` (the command's parameters by name)."""
     from ..config import BatchConfig, ConfigError, ManifestConfig, MediaConfig, ModelConfig, RunConfig, WriterConfig
+    from ..readers.files import check_input, is_url
 
     for m in o["manifests"]:
-        if not m.exists():
-            raise ConfigError(f"manifest {m} does not exist")
+        check_input(m)
     if o["progress"] not in ("auto", "bar", "log", "none"):
         raise ConfigError("--progress must be auto, bar, log or none")
     mods = tuple(m.strip() for m in o["modality"].split(",") if m.strip()) if o["modality"] else None
@@ -119,14 +119,16 @@ def finish(result: Any, signum: int | None, json_out: bool, verbose: bool) -> No
 
 
 def encode(
-    manifests: Annotated[List[Path], typer.Argument(help="JSONL, Parquet or CSV manifests.", show_default=False)],
+    manifests: Annotated[List[str], typer.Argument(help="Manifests (JSONL, CSV, Parquet, Arrow), WebDataset tars, "
+                                                        "folders; globs and brace ranges; fsspec URLs.",
+                                                   show_default=False)],
     out: OutOpt,
     model: ModelOpt = None,
     revision: Annotated[Optional[str], typer.Option(help="Model revision (hub branch, tag or commit).")] = None,
     modality: Annotated[Optional[str], typer.Option(help="image, text or image,text (default: all the model supports).")] = None,
-    id_key: Annotated[str, typer.Option(help="Manifest key of the id.")] = "id",
-    image_key: Annotated[str, typer.Option(help="Manifest key of the image.")] = "image",
-    text_key: Annotated[str, typer.Option(help="Manifest key of the text.")] = "text",
+    id_key: Annotated[Optional[str], typer.Option(help="Key of the id [default: per input: id; a tar sample's key; a folder's relative path].", show_default=False)] = None,
+    image_key: Annotated[Optional[str], typer.Option(help="Key of the image [default: per input: image; a tar's jpg, jpeg, png or webp].", show_default=False)] = None,
+    text_key: Annotated[Optional[str], typer.Option(help="Key of the text [default: per input: text; a tar's txt; a folder's .txt].", show_default=False)] = None,
     keep: Annotated[Optional[List[str]], typer.Option(help="Copy this manifest field onto every output row (repeatable).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Encode only the first N rows (of this task's slice).")] = None,
     csv_multiline: Annotated[bool, typer.Option("--csv-multiline", help="CSV quoted fields span lines: split tasks by parsing from the top (exact, slower).")] = False,

@@ -62,7 +62,7 @@ def summary_lines(result: "RunResult", verbose: bool = False) -> list[str]:
     failed_items = sum(m.failed_total for m in c.modalities.values())
     done = f"{result.state} after " if result.state != "done" else ""
     head = _some((c.encoded_now, "items encoded"), (failed_items, "failed"), (c.skipped, "skipped"),
-                 (c.invalid, "invalid lines")) or "nothing to do"
+                 (c.invalid, "invalid lines"), (c.not_downloaded, "not downloaded")) or "nothing to do"
     lines = [f"mmenc: {done}{c.rows} rows -> {result.out} in {result.elapsed:.1f} s: {head}"]
     for name, m in sorted(c.modalities.items()):
         truncated = f" ({m.truncated} truncated)" if m.truncated else ""

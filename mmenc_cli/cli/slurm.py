@@ -62,7 +62,8 @@ def _job_name(out: Path) -> str:
 
 def slurm(
     ctx: typer.Context,
-    manifests: Annotated[List[Path], typer.Argument(help="JSONL, Parquet or CSV manifests (made absolute).",
+    manifests: Annotated[List[str], typer.Argument(help="Inputs, as for encode (local paths made absolute; "
+                                                   "patterns and URLs kept as they are, for each task to expand).",
                                                     show_default=False)],
     out: OutOpt,
     tasks: Annotated[int, typer.Option("--tasks", min=1, help="Array tasks: the input is split into N slices "
@@ -130,6 +131,7 @@ def slurm(
 def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
     """The `SlurmOptions` of the command's parameters `o`, paths made absolute, the encode
     options after `--` checked."""
+    from ..readers.files import check_input, is_url
     from ..slurm import SlurmOptions, default_logs_dir
 
     model = o["model"]
@@ -139,14 +141,14 @@ def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
     if Path(model).expanduser().exists():
         model = os.path.abspath(Path(model).expanduser())
     for m in o["manifests"]:
-        if not m.exists():
-            raise ConfigError(f"manifest {m} does not exist")
+        check_input(m)
     out_abs = Path(os.path.abspath(o["out"].expanduser()))
     logs = o["logs"]
     logs_dir = Path(os.path.abspath(logs.expanduser())) if logs else default_logs_dir(out_abs)
     encode_args = list(ctx.meta.get(_ENCODE_ARGS, []))
     opts = SlurmOptions(
-        manifests=tuple(os.path.abspath(m) for m in o["manifests"]), out=str(out_abs), model=model, tasks=o["tasks"],
+        manifests=tuple(m if is_url(m) else os.path.abspath(m) for m in o["manifests"]), out=str(out_abs), model=model,
+        tasks=o["tasks"],
         python=o["python"] or sys.executable, logs=str(logs_dir), job_name=o["job_name"] or _job_name(out_abs),
         partition=o["partition"], time=o["time_limit"], gpus_per_task=o["gpus_per_task"],
         cpus_per_task=o["cpus_per_task"], mem=o["mem"], signal_before=o["signal_before"], requeue=o["requeue"],

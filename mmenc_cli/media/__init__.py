@@ -33,9 +33,9 @@ from PIL import Image
 from ..config import MediaConfig
 from . import http
 from .decode import configure_pillow, decode_image
+from .stores import read_fsspec
 from .sources import (
     SCHEME,
-    SUPPORTED_SOURCES,
     Source,
     check_payload,
     data_uri_bytes,
@@ -74,6 +74,8 @@ def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,
         return data_uri_bytes(source, cfg)
     match = SCHEME.match(source)
     if match is None:
+        if SCHEME.match(base_dir):  # a relative path in a folder or manifest behind an fsspec URL
+            return read_fsspec(base_dir.rstrip("/") + "/" + source, cfg), None
         path = os.path.join(base_dir, os.path.expanduser(source))
         return read_file(path, cfg), None
     scheme = match.group(1).lower()
@@ -81,5 +83,4 @@ def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,
         return read_file(file_url_path(source), cfg), None
     if scheme in ("http", "https"):
         return http.fetch(source, cfg, backoff)
-    raise load_error(f"unsupported URL scheme {scheme}://; supported: {SUPPORTED_SOURCES}",
-                     "media.unsupported_scheme")
+    return read_fsspec(source, cfg), None

@@ -1,8 +1,12 @@
-"""Reading manifests (JSONL, CSV/TSV, Parquet) as a stream of rows, split between tasks.
+"""Reading inputs as a stream of rows, split between tasks: manifests (JSONL, CSV/TSV, Parquet,
+Arrow), WebDataset tar shards, folders of files, saved datasets and img2dataset outputs, local or
+behind an fsspec URL.
 
-Formats are chosen by extension (`detect_format`): ``.jsonl``/``.ndjson`` (one JSON object a
-line), ``.jsonl.gz``/``.ndjson.gz``, ``.csv``, ``.tsv`` (a header line, then one record per row)
-and ``.parquet``. Nothing is ever loaded whole: text files are read line by line in binary, so a
+Manifest formats are chosen by extension (`detect_format`): ``.jsonl``/``.ndjson`` (one JSON
+object a line), ``.jsonl.gz``/``.ndjson.gz``, ``.csv``, ``.tsv`` (a header line, then one record per
+row), ``.parquet``, ``.arrow``; ``.tar`` is a WebDataset shard (`tar.py`); a folder is a folder of
+files (`folder.py`), a saved dataset (`arrow.py`) or an img2dataset output (`img2dataset.py`).
+Globs and brace ranges are expanded here (`files.py`), so they work quoted. Nothing is ever loaded whole: text files are read line by line in binary, so a
 row's ``offset`` is the exact byte offset of its first byte (the uncompressed offset for ``.gz``);
 Parquet is read by row group with `iter_batches` and only the columns a row needs, and its
 ``offset`` is the row index in the file. ``line`` is the 1-based physical line where a record
@@ -19,28 +23,27 @@ Which rows each task of an array reads: `slicing.py`.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator, Sequence
 
 from ..config import DEFAULT_MAX_ROW_BYTES, ManifestConfig
-from ..errors import ManifestError, MMError
-from ..records import InvalidRow, ManifestRow
-from .delimited import csv_header, csv_parse, csv_record, open_csv
+from ..errors import ManifestError
+from ..records import InvalidRow, ManifestRow, NotDownloaded
+from .files import expand, is_url, local
 from .formats import detect_format
-from .jsonl import decode_json
-from .lines import BOM, check_line_start, open_text, read_line, row_too_large
-from .parquet import parquet_record
-from .slicing import iter_slice, plan
-from .validate import to_row
+from .plan import plan
+from .reread import read_record, source_format
+from .slicing import iter_slice
+from .validate import keys_for, to_row
 
-__all__ = ["ManifestError", "detect_format", "iter_rows", "read_raw_row", "read_row"]
+__all__ = ["ManifestError", "detect_format", "expand", "is_url", "iter_rows", "read_raw_row", "read_row",
+           "source_format"]
 
 
 def iter_rows(manifests: Sequence[str], cfg: ManifestConfig, task_index: int = 0,
-              task_count: int = 1) -> Iterator[ManifestRow | InvalidRow]:
-    """Stream the rows of this task's slice of `manifests` (see the module docstring).
+              task_count: int = 1) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
+    """Stream the rows of this task's slice of the inputs (see the module docstring).
 
-    Files are checked (exist, known format) before the first row, so a bad path fails at once.
+    Inputs are checked (exist, known format) before the first row, so a bad path fails at once.
     """
     if task_count < 1 or not 0 <= task_index < task_count:
         raise ManifestError(f"task index {task_index} is not in [0, {task_count})")
@@ -48,56 +51,25 @@ def iter_rows(manifests: Sequence[str], cfg: ManifestConfig, task_index: int = 0
     return iter_slice(sources, cfg, task_index, task_count)
 
 
-def read_raw_row(manifest: str, offset: int) -> dict[str, Any]:
-    """The record at `offset` as iter_rows saw it (a JSON object, a CSV dict, a Parquet row).
-
-    `offset` is a ManifestRow's offset: a byte offset (JSONL, CSV) or a row index (Parquet).
-    Used by `mmenc errors retry` to rebuild failed rows. Raises ManifestError when the offset does
-    not point at a record (the manifest changed?) or the record is unreadable.
-    """
-    record, error = read_record(os.path.abspath(manifest), offset)
+def read_raw_row(manifest: str, offset: int, id: str | None = None,
+                 limit: int = DEFAULT_MAX_ROW_BYTES) -> dict[str, Any]:
+    """The record at `offset` as iter_rows saw it (a JSON object, a CSV dict, a Parquet or Arrow
+    row, a tar sample, a folder's file with its .txt and .json): what `mmenc errors retry`
+    rebuilds a failed row from. ManifestError when the offset does not point at a record (the
+    input changed?) or the record is unreadable."""
+    record, error = read_record(local(manifest), offset, limit, id)
     if error is not None:
         raise ManifestError(f"{manifest} at offset {offset}: {error.message}")
+    assert record is not None
     return record
 
 
-def read_row(manifest: str, offset: int, cfg: ManifestConfig,
-             line: int | None = None) -> ManifestRow | InvalidRow:
+def read_row(manifest: str, offset: int, cfg: ManifestConfig, line: int | None = None,
+             id: str | None = None) -> ManifestRow | InvalidRow:
     """The row at `offset`, validated exactly as iter_rows does (an unreadable record is an
     InvalidRow); `line` is passed through since it is not known from the offset alone."""
-    path = os.path.abspath(manifest)
-    record, error = read_record(path, offset)
-    return to_row(path, line, offset, record, error, cfg)
-
-
-def read_record(path: str, offset: int,
-                limit: int = DEFAULT_MAX_ROW_BYTES) -> tuple[dict[str, Any] | None, MMError | None]:
-    """The record at `offset` and its read error (a record over `limit` bytes is not loaded);
-    ManifestError when there is no record there."""
-    fmt = detect_format(path)
-    if not os.path.isfile(path):
-        raise ManifestError(f"manifest not found: {path}")
-    if offset < 0:
-        raise ManifestError(f"offset {offset} is negative")
-    if fmt == "parquet":
-        return parquet_record(path, offset), None
-    with open_text(path) as fh:
-        if fmt == "jsonl.gz" or fmt == "jsonl":
-            check_line_start(fh, path, offset)
-            raw, size = read_line(fh, limit)
-            if raw is None:
-                return None, row_too_large(size, limit)
-            if offset == 0 and raw.startswith(BOM):
-                raw = raw[len(BOM):]
-            if not raw.strip():
-                raise ManifestError(f"no record at offset {offset} of {path}")
-            return decode_json(raw)
-        feed, reader = open_csv(fh, fmt, limit)
-        header = csv_header(reader, path, None)
-        if header is None or offset < feed.pos:
-            raise ManifestError(f"offset {offset} of {path} is not a CSV row (header or empty file)")
-        check_line_start(fh, path, offset)
-        feed.seek(offset, None)
-        for _, _, fields, error in csv_parse(reader, feed, offset + 1):
-            return csv_record(header, fields, error, feed)
-        raise ManifestError(f"no record at offset {offset} of {path}")
+    path = local(manifest)
+    fmt = source_format(path)
+    record, error = read_record(path, offset, cfg.max_row_bytes, id)
+    return to_row(path, line, offset, record, error, keys_for(fmt, cfg),
+                  path if fmt in ("folder", "i2d-files") else None)

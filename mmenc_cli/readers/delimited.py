@@ -7,9 +7,10 @@ from typing import IO, Any, Iterator
 
 from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
+from . import files
 from .formats import Source
 from .lines import BOM, Raw, row_too_large, sync
-from .validate import check_columns
+from .validate import Keys, check_columns
 
 
 class QuoteState:
@@ -137,7 +138,7 @@ def open_csv(fh: IO[bytes], fmt: str, limit: int) -> tuple[LineFeed, Any]:
     return feed, csv.reader(feed, delimiter=delimiter)
 
 
-def csv_header(reader: Any, path: str, cfg: ManifestConfig | None) -> list[str] | None:
+def csv_header(reader: Any, path: str, keys: Keys | None) -> list[str] | None:
     """The header's column names (None for an empty file); checks the id/image/text columns."""
     try:
         header = next((fields for fields in reader if fields), None)
@@ -146,8 +147,8 @@ def csv_header(reader: Any, path: str, cfg: ManifestConfig | None) -> list[str] 
     if header is None:
         return None
     header = [name.strip() for name in header]
-    if cfg is not None:
-        check_columns(header, path, cfg)
+    if keys is not None:
+        check_columns(header, path, keys)
     return header
 
 
@@ -190,11 +191,11 @@ def csv_record(header: list[str], fields: list[str] | None, error: MMError | Non
     return record, None
 
 
-def csv_records(src: Source, cfg: ManifestConfig, a: int, b: int, multiline: bool) -> Iterator[Raw]:
+def csv_records(src: Source, keys: Keys, cfg: ManifestConfig, a: int, b: int, multiline: bool) -> Iterator[Raw]:
     """CSV/TSV records starting in [a, b), by seeking (default) or by parsing from the top."""
-    with open(src.path, "rb") as fh:
+    with files.open_binary(src.path) as fh:
         feed, reader = open_csv(fh, src.fmt, cfg.max_row_bytes)
-        header = csv_header(reader, src.path, cfg)
+        header = csv_header(reader, src.path, keys)
         if header is None:
             return
         body = feed.pos

@@ -27,8 +27,11 @@ def is_gzip(path: str) -> bool:
 
 
 def open_text(path: str) -> IO[bytes]:
-    """A binary handle on a text manifest, decompressing .gz."""
-    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+    """A binary handle on a text manifest (a local path or a URL), decompressing .gz."""
+    from . import files
+
+    fh = files.open_binary(path)
+    return gzip.GzipFile(fileobj=fh, mode="rb") if is_gzip(path) else fh
 
 
 def read_line(fh: IO[bytes], limit: int) -> tuple[bytes | None, int]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..config import ManifestConfig
 from ..errors import ManifestError
+from . import files
 from .formats import Source
 from .lines import Raw
-from .validate import check_columns
+from .validate import Keys, check_columns
 
 PARQUET_BATCH = 256  # rows converted to Python at once: inline images make rows large
 
@@ -19,18 +19,19 @@ def parquet_file(path: str) -> Any:
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+        source = files.open_binary(path) if files.is_url(path) else path
+        return pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False)
     except (pa.ArrowException, OSError) as exc:
         raise ManifestError(f"cannot read Parquet manifest {path}: {exc}") from None
 
 
-def parquet_records(src: Source, cfg: ManifestConfig, a: int, b: int) -> Iterator[Raw]:
+def parquet_records(src: Source, keys: Keys, a: int, b: int) -> Iterator[Raw]:
     """Parquet rows whose virtual position r*S//N lies in [a, b), reading only their row groups."""
     import pyarrow as pa
 
     with parquet_file(src.path) as pf:
         meta, names = pf.metadata, pf.schema_arrow.names
-        check_columns(names, src.path, cfg)
+        check_columns(names, src.path, keys)
         lo, hi = -(-a * meta.num_rows // src.size), -(-b * meta.num_rows // src.size)
         groups, first, row = [], 0, 0
         for g in range(meta.num_row_groups):
@@ -42,8 +43,7 @@ def parquet_records(src: Source, cfg: ManifestConfig, a: int, b: int) -> Iterato
             row += count
         if not groups:
             return
-        wanted = (cfg.id_key, cfg.image_key, cfg.text_key, *cfg.keep)
-        columns = [c for c in dict.fromkeys(wanted) if c in names]
+        columns = [c for c in keys.columns if c in names]
         row = first
         try:
             for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=groups,

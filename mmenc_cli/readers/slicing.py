@@ -38,62 +38,83 @@ tasks run: the split is computed from their sizes.
 
 from __future__ import annotations
 
-import os
-from typing import Iterator, Sequence
+from typing import Iterator
 
 from ..config import ManifestConfig
-from ..errors import ManifestError
-from ..records import InvalidRow, ManifestRow
+from ..errors import MMError
+from ..records import InvalidRow, ManifestRow, NotDownloaded
+from . import img2dataset
+from .arrow import arrow_records
 from .delimited import csv_records
-from .formats import Source, detect_format
+from .folder import folder_records
+from .formats import SPREAD, WHOLE, Source
 from .jsonl import jsonl_records
+from .lines import Raw
 from .parquet import parquet_records
-from .validate import to_row
-
-
-def plan(manifests: Sequence[str]) -> list[Source]:
-    """Check every manifest and lay them out in the virtual byte space."""
-    sources, start = [], 0
-    for given in manifests:
-        fmt = detect_format(given)
-        path = os.path.abspath(given)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise ManifestError(f"manifest not found: {given}") from None
-        except OSError as exc:
-            raise ManifestError(f"cannot read manifest {given}: {exc}") from None
-        if not os.path.isfile(path):
-            raise ManifestError(f"manifest is not a file: {given}")
-        size = 0 if fmt == "jsonl.gz" else st.st_size
-        sources.append(Source(path, fmt, start, size))
-        start += size
-    return sources
+from .tar import tar_records
+from .validate import keys_for, to_row
 
 
 def iter_slice(sources: list[Source], cfg: ManifestConfig, task_index: int,
-               task_count: int) -> Iterator[ManifestRow | InvalidRow]:
-    """Rows of every source within this task's byte range, up to cfg.limit."""
+               task_count: int) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
+    """Rows of every source within this task's share, up to cfg.limit."""
     if cfg.limit == 0:
         return
     total = sources[-1].start + sources[-1].size if sources else 0
     lo, hi = total * task_index // task_count, total * (task_index + 1) // task_count
-    multiline = cfg.csv_multiline
     count = 0
     for src in sources:
-        a, b = max(lo - src.start, 0), min(hi - src.start, src.size)
-        if src.fmt == "jsonl.gz":
-            raws = jsonl_records(src.path, 0, None, cfg.max_row_bytes, pick=(task_index, task_count))
-        elif a >= b:
-            continue
-        elif src.fmt == "parquet":
-            raws = parquet_records(src, cfg, a, b)
-        elif src.fmt == "jsonl":
-            raws = jsonl_records(src.path, a, b, cfg.max_row_bytes)
-        else:
-            raws = csv_records(src, cfg, a, b, multiline)
-        for line, offset, record, error in raws:
-            yield to_row(src.path, line, offset, record, error, cfg)
+        raws = _records(src, cfg, (lo, hi, total), (task_index, task_count))
+        keys = keys_for(src.fmt, cfg)
+        base = src.path if src.fmt in ("folder", "i2d-files") else None
+        for raw in raws or ():
+            if isinstance(raw, NotDownloaded):
+                yield raw
+                continue
+            line, offset, record, error = raw
+            yield to_row(src.path, line, offset, record, error, keys, base)
             count += 1
             if count == cfg.limit:
                 return
+
+
+def _records(src: Source, cfg: ManifestConfig, space: tuple[int, int, int],
+             pick: tuple[int, int]) -> Iterator[Raw | NotDownloaded] | None:
+    """This task's records of one source: its byte range of a text or Parquet manifest, every k-th
+    part of a spread one, a whole shard or nothing."""
+    lo, hi, total = space
+    a, b = max(lo - src.start, 0), min(hi - src.start, src.size)
+    if src.fmt in SPREAD:
+        if src.fmt == "folder":
+            return folder_records(src.path, pick, cfg.max_row_bytes)
+        if src.fmt == "arrow":
+            return arrow_records(src.path, keys_for("arrow", cfg), pick)
+        return jsonl_records(src.path, 0, None, cfg.max_row_bytes, pick=pick)
+    if src.fmt in WHOLE:
+        last = pick[0] == pick[1] - 1 and src.start == total
+        return _whole(src, cfg) if lo <= src.start < hi or last else None
+    if a >= b:
+        return None
+    if src.fmt == "parquet":
+        return parquet_records(src, keys_for("parquet", cfg), a, b)
+    if src.fmt == "jsonl":
+        return jsonl_records(src.path, a, b, cfg.max_row_bytes)
+    return csv_records(src, keys_for(src.fmt, cfg), cfg, a, b, cfg.csv_multiline)
+
+
+def _whole(src: Source, cfg: ManifestConfig) -> Iterator[Raw | NotDownloaded]:
+    """The records of a source a task takes whole: a tar shard, an img2dataset shard (its
+    samples, then the rows that were not downloaded), or a missing shard's one error row."""
+    if src.fmt == "missing":
+        yield None, 0, None, MMError(f"{src.path} does not exist (named by a brace range or pattern)",
+                                     stage="read", reason="manifest.missing_shard")
+        return
+    if src.fmt == "tar":
+        yield from tar_records(src.path, cfg.max_row_bytes)
+    elif src.fmt == "i2d-files":
+        yield from folder_records(src.path, None, cfg.max_row_bytes)
+    else:
+        yield from img2dataset.parquet_samples(src.path)
+        return
+    if src.meta is not None:
+        yield from img2dataset.not_downloaded(src.meta)

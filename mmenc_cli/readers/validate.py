@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import ManifestConfig
@@ -13,21 +14,60 @@ _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a strin
           list: "an array", dict: "an object", bytes: "bytes", type(None): "null"}
 
 
-def check_columns(names: Sequence[str], path: str, cfg: ManifestConfig) -> None:
+#: the image members a WebDataset sample may hold, in the order the first present one is taken
+TAR_IMAGES = ("jpg", "jpeg", "png", "webp")
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Which record keys hold a row's id, image (the first present of the candidates), text and
+    kept fields, resolved for one input format (`keys_for`)."""
+
+    id: str
+    image: tuple[str, ...]
+    text: str
+    keep: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every key a row may need, once each."""
+        return tuple(dict.fromkeys((self.id, *self.image, self.text, *self.keep)))
+
+
+def keys_for(fmt: str, cfg: ManifestConfig) -> Keys:
+    """The keys of `fmt` with the options given: `--id-key`, `--image-key`, `--text-key` default to
+    `id`, `image`, `text` for manifests; to the sample key, the first of jpg, jpeg, png, webp and
+    `txt` for WebDataset tars (and img2dataset's Parquet layout: `key`, those columns, `caption`);
+    folders name their own (the relative path, the file, a .txt beside)."""
+    keep = tuple(cfg.keep)
+    if fmt == "tar":
+        return Keys(cfg.id_key or "__key__", (cfg.image_key,) if cfg.image_key else TAR_IMAGES,
+                    cfg.text_key or "txt", keep)
+    if fmt in ("folder", "i2d-files"):  # img2dataset's files: the id is the key, the file's stem
+        return Keys(cfg.id_key or ("__stem__" if fmt == "i2d-files" else "__key__"), ("__image__",), "__text__",
+                    keep)
+    if fmt == "i2d-parquet":
+        return Keys(cfg.id_key or "key", (cfg.image_key,) if cfg.image_key else TAR_IMAGES, cfg.text_key or "caption",
+                    keep)
+    return Keys(cfg.id_key or "id", (cfg.image_key or "image",), cfg.text_key or "text", keep)
+
+
+def check_columns(names: Sequence[str], path: str, keys: Keys) -> None:
     """A header or schema without the id column, or without both the image and the text column,
     would make every row invalid: a usage error (a wrong --id-key), not millions of error rows."""
-    if cfg.id_key not in names:
-        raise ManifestError(f'manifest {path} has no "{cfg.id_key}" column '
+    if keys.id not in names:
+        raise ManifestError(f'manifest {path} has no "{keys.id}" column '
                             f"(columns: {', '.join(names)})")
-    if cfg.image_key not in names and cfg.text_key not in names:
-        raise ManifestError(f'manifest {path} has neither an "{cfg.image_key}" nor a '
-                            f"\"{cfg.text_key}\" column (columns: {', '.join(names)})")
+    if not set(keys.image) & set(names) and keys.text not in names:
+        raise ManifestError(f'manifest {path} has neither an "{"/".join(keys.image)}" nor a '
+                            f"\"{keys.text}\" column (columns: {', '.join(names)})")
 
 
 def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | None,
-           error: MMError | None, cfg: ManifestConfig) -> ManifestRow | InvalidRow:
-    """Validate one record into a ManifestRow, or an InvalidRow saying which key is wrong."""
-    row_id = _valid_id(record, cfg.id_key)
+           error: MMError | None, keys: Keys, base_dir: str | None = None) -> ManifestRow | InvalidRow:
+    """Validate one record into a ManifestRow, or an InvalidRow saying which key is wrong.
+    Relative image paths resolve against `base_dir` (default: the manifest's folder)."""
+    row_id = _valid_id(record, keys.id)
     if error is not None:
         return InvalidRow(path, line, offset, error, row_id)
     assert record is not None
@@ -35,29 +75,28 @@ def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | No
     def invalid(message: str, reason: str) -> InvalidRow:
         return InvalidRow(path, line, offset, MMError(message, stage="validate", reason=reason), row_id)
 
-    raw_id = record.get(cfg.id_key)
+    raw_id = record.get(keys.id)
     if row_id is None and (raw_id is None or isinstance(raw_id, str)):
         what = "no" if raw_id is None else "an empty"
-        return invalid(f'row has {what} "{cfg.id_key}" field', "manifest.missing_id")
+        return invalid(f'row has {what} "{keys.id}" field', "manifest.missing_id")
     if row_id is None:
-        return invalid(f'"{cfg.id_key}" must be a string or an integer, not {kind(raw_id)}',
-                       "manifest.invalid_type")
-    bad = next((k for k in (cfg.id_key, cfg.image_key, cfg.text_key, *cfg.keep) if not _utf8(record.get(k))), None)
+        return invalid(f'"{keys.id}" must be a string or an integer, not {kind(raw_id)}', "manifest.invalid_type")
+    image_key = next((k for k in keys.image if record.get(k) is not None), keys.image[0])
+    bad = next((k for k in (keys.id, image_key, keys.text, *keys.keep) if not _utf8(record.get(k))), None)
     if bad is not None:
         return invalid(f'"{bad}" is not valid Unicode (a lone surrogate)', "manifest.invalid_type")
     try:
-        image = _image_value(record.get(cfg.image_key))
+        image = _image_value(record.get(image_key))
     except TypeError as exc:
-        return invalid(f'"{cfg.image_key}" must be a path, a URL or bytes, not {exc}',
-                       "manifest.invalid_type")
-    text = record.get(cfg.text_key)
+        return invalid(f'"{image_key}" must be a path, a URL or bytes, not {exc}', "manifest.invalid_type")
+    text = record.get(keys.text)
     if text is not None and not isinstance(text, str):
-        return invalid(f'"{cfg.text_key}" must be a string, not {kind(text)}', "manifest.invalid_type")
+        return invalid(f'"{keys.text}" must be a string, not {kind(text)}', "manifest.invalid_type")
     if image is None and text is None:
-        return invalid(f'row has neither "{cfg.image_key}" nor "{cfg.text_key}"', "manifest.empty_row")
+        return invalid(f'row has neither "{"/".join(keys.image)}" nor "{keys.text}"', "manifest.empty_row")
     return ManifestRow(id=row_id, manifest=path, line=line, offset=offset, image=image, text=text,
-                       keep={key: record.get(key) for key in cfg.keep},
-                       base_dir=os.path.dirname(path))
+                       keep={key: record.get(key) for key in keys.keep},
+                       base_dir=base_dir if base_dir is not None else os.path.dirname(path))
 
 
 def _utf8(value: Any) -> bool:

@@ -50,6 +50,7 @@ class Counters:
     invalid: int = 0
     invalid_before: int = 0
     rows_skipped: int = 0
+    not_downloaded: int = 0  # img2dataset metadata rows whose download failed: no item, counted apart
     modalities: dict[str, ModalityStats] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     owner: int | None = field(default=None, repr=False, compare=False)
@@ -82,7 +83,7 @@ class Counters:
         failed[code] = failed.get(code, 0) + 1
 
     def add_row(self, name: str, n: int = 1) -> None:
-        """Add `n` to a per-row count (`rows`, `invalid`, `invalid_before`, `rows_skipped`)."""
+        """Add `n` to a per-row count (`rows`, `invalid`, `invalid_before`, `rows_skipped`, `not_downloaded`)."""
         self._touch()
         setattr(self, name, getattr(self, name) + n)
 
@@ -93,7 +94,7 @@ class Counters:
 
     def merge(self, other: "Counters") -> None:
         """Add another worker's counts into these."""
-        for name in ("rows", "invalid", "invalid_before", "rows_skipped"):
+        for name in ("rows", "invalid", "invalid_before", "rows_skipped", "not_downloaded"):
             self.add_row(name, getattr(other, name))
         for stage, secs in other.seconds.items():
             self.add_seconds(stage, secs)
@@ -142,7 +143,7 @@ class Counters:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy, totals included."""
-        d: dict[str, Any] = {name: getattr(self, name) for name in ("rows", "invalid", "invalid_before", "rows_skipped")}
+        d: dict[str, Any] = {name: getattr(self, name) for name in ("rows", "invalid", "invalid_before", "rows_skipped", "not_downloaded")}
         d["modalities"] = {m: {**vars(s), "failed": dict(s.failed)} for m, s in self.modalities.items()}
         d["seconds"] = dict(self.seconds)
         d.update(requested=self.requested, encoded=self.encoded, failed=self.failed,

@@ -26,7 +26,7 @@ from ..errors import LockWaitInterrupted, MMError, OutputError
 from ..idset import HashSet64, id_hash
 from ..outdir import OutDir
 from ..readers import iter_rows
-from ..records import InvalidRow, Item, ManifestRow
+from ..records import InvalidRow, Item, ManifestRow, NotDownloaded
 from ..report import ErrorReportWriter
 from ..shardlog import reconcile
 from ..writers import make_writer
@@ -186,7 +186,7 @@ class EncodeRun:
             self.stop.set()
 
     # -- the loop -------------------------------------------------------------------------
-    def _rows(self) -> Iterator[ManifestRow | InvalidRow]:
+    def _rows(self) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
         it = iter_rows(list(self.cfg.manifests), self.cfg.manifest, self.task, self.cfg.task_count)
         index = 0
         while True:
@@ -213,7 +213,9 @@ class EncodeRun:
                 if self.stop.is_set():
                     break
                 self.counters.add_row("rows")
-                if isinstance(rec, InvalidRow):
+                if isinstance(rec, NotDownloaded):
+                    self.counters.add_row("not_downloaded")
+                elif isinstance(rec, InvalidRow):
                     self._invalid(rec, history)
                 elif not seen.add(id_hash(rec.id)):
                     self._invalid(InvalidRow(rec.manifest, rec.line, rec.offset, id=rec.id, error=MMError(

@@ -1,0 +1,97 @@
+"""A folder of files as a manifest: `mmenc encode photos/`.
+
+Image files are found recursively, in sorted order (by name, folder by folder), by extension
+(`IMAGE_SUFFIXES`); symlinks are followed once (a link back to a folder already walked is
+skipped); hidden files and folders (a name starting with `.`) are skipped. A sample's id is its
+path relative to the folder; a `.txt` file beside an image with the same stem is its text (the
+layout clip-retrieval's `files` input and img2dataset's `files` output use), and a `.json` beside
+it supplies fields for `--keep`. The walk is a stream: nothing but the current folder's listing
+is held.
+
+Task slices: sample n (in walk order) belongs to task n % k; `offset` is n, and `line` is None.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from typing import Any, Iterator
+
+from ..errors import MMError
+from . import files
+from .lines import Raw, row_too_large
+
+#: image files a folder manifest picks up (lower-cased suffixes)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+def walk(root: str) -> Iterator[tuple[str, dict[str, bool]]]:
+    """(relative path, {sibling name: is_dir}) of every image file under `root`, sorted, hidden
+    entries skipped, each real folder walked once."""
+    seen: set[str] = set()
+
+    def visit(folder: str, rel: str) -> Iterator[tuple[str, dict[str, bool]]]:
+        key = files.real(folder)
+        if key in seen:
+            return
+        seen.add(key)
+        entries = [(n, d) for n, d in files.listdir(folder) if not n.startswith(".")]
+        names = dict(entries)
+        for name, is_dir in entries:
+            path = posixpath.join(rel, name) if rel else name
+            if is_dir:
+                yield from visit(files.join(folder, name), path)
+            elif name.lower().endswith(IMAGE_SUFFIXES):
+                yield path, names
+
+    yield from visit(root, "")
+
+
+def folder_records(root: str, pick: tuple[int, int] | None, limit: int) -> Iterator[Raw]:
+    """One record per image file of this task's share (`pick` = (i, k): samples n % k == i)."""
+    for n, (rel, siblings) in enumerate(walk(root)):
+        if pick is not None and n % pick[1] != pick[0]:
+            continue
+        yield None, n, *sample(root, rel, limit, siblings)
+
+
+def sample(root: str, rel: str, limit: int,
+           siblings: dict[str, bool] | None = None) -> tuple[dict[str, Any] | None, MMError | None]:
+    """The record of the image `rel` under `root`: its path, and the text and fields of the
+    `.txt` and `.json` files beside it (each at most `limit` bytes, else the sample is a 413 row)."""
+    stem = rel.rsplit(".", 1)[0]
+    base = posixpath.basename(stem)
+    record: dict[str, Any] = {"__key__": rel, "__stem__": base, "__image__": rel}
+    try:
+        if siblings is None or f"{base}.json" in siblings:
+            fields = _read_sibling(root, stem + ".json", limit)
+            if fields is not None:
+                value = json.loads(fields)
+                if isinstance(value, dict):
+                    record = {**value, **record}
+        if siblings is None or f"{base}.txt" in siblings:
+            text = _read_sibling(root, stem + ".txt", limit)
+            if text is not None:
+                record["__text__"] = text.decode("utf-8").strip()
+    except _TooLarge as exc:
+        return record, row_too_large(exc.size, limit)
+    except (ValueError, OSError) as exc:  # a .txt that is not UTF-8, a .json that is not JSON
+        return record, MMError(f"the files beside {rel} cannot be read: {type(exc).__name__}: {exc}",
+                               stage="read", reason="manifest.invalid_row", error=type(exc).__name__)
+    return record, None
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _read_sibling(root: str, rel: str, limit: int) -> bytes | None:
+    path = files.join(root, *rel.split("/"))
+    found = files.info(path)
+    if not found.exists:
+        return None
+    if found.size > limit:
+        raise _TooLarge(found.size)
+    with files.open_binary(path) as fh:
+        return fh.read(limit + 1)

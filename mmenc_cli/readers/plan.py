@@ -1,0 +1,48 @@
+"""From the inputs given to the sources read: patterns expanded, folders told apart (a folder of
+files, a saved dataset, an img2dataset output), each source placed in the tasks' byte space.
+
+A path given as it is must exist (a usage error otherwise, before anything runs); a name a brace
+range or glob produced that is missing becomes one error row and the run goes on.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import ManifestError
+from . import arrow, files, img2dataset
+from .formats import SPREAD, Source, detect_format
+
+
+def plan(inputs: Sequence[str]) -> list[Source]:
+    """Check every input and lay its sources out in the virtual byte space."""
+    sources: list[Source] = []
+    for given in inputs:
+        for path, from_pattern in files.expand(given):
+            for fmt, source, size, meta in _sources(given, path, from_pattern):
+                start = sources[-1].start + sources[-1].size if sources else 0
+                sources.append(Source(source, fmt, start, 0 if fmt in SPREAD else size, meta))
+    return sources
+
+
+def _sources(given: str, path: str, from_pattern: bool) -> list[tuple[str, str, int, str | None]]:
+    """(format, path, size, metadata) of the sources of one existing or pattern-made path."""
+    found = files.info(path)
+    if not found.exists:
+        if from_pattern:
+            return [("missing", path, 0, None)]
+        raise ManifestError(f"manifest not found: {given}")
+    if not found.is_dir:
+        return [(detect_format(path), path, found.size, None)]
+    listed = arrow.data_files(path)
+    if listed is not None:
+        return [("arrow", p, 0, None) for p in listed]
+    shards = img2dataset.shards(path)
+    if shards is not None:
+        return [(s.fmt, s.data, _size(s.data if s.fmt != "i2d-files" else s.meta), s.meta) for s in shards]
+    return [("folder", path, 0, None)]
+
+
+def _size(path: str) -> int:
+    found = files.info(path)
+    return found.size if found.exists else 0

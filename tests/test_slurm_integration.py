@@ -216,3 +216,36 @@ def test_killed_task_resumes_when_resubmitted(tmp_path: Path, tiny_clip: Path, j
     assert len(got) == 90 * 2 + 10
     status = json.loads(mmenc("status", out, "--json", cwd=tmp_path).stdout)
     assert status["all_done"] is True and status["duplicates"]["count"] == 0
+
+
+def test_array_over_a_brace_range_of_tar_shards_and_a_folder(tmp_path: Path, tiny_clip: Path,
+                                                             jobs: list[str]) -> None:
+    """Shards named by a quoted brace range (expanded by each task, not by a shell), whole shards per
+    task, and a folder spread over the tasks: the array equals one process, the missing shard is
+    reported once."""
+    from tests.readers.test_inputs import sample, write_tar
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for n in range(5):
+        write_tar(shards / f"{n:05d}.tar", [m for i in range(2 + n % 2) for m in sample(f"s{n}-{i}", n + i)])
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(7):
+        make_image(photos / f"p{i}.png", (20 + i, 24), seed=i)
+    inputs = [str(shards / "{00000..00005}.tar"), photos]  # 00005.tar does not exist
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    reference = mmenc("encode", *inputs, "--out", ref, "--model", tiny_clip, *ENCODE, cwd=tmp_path, background=True)
+    res = mmenc("slurm", *inputs, "--out", out, "--model", tiny_clip, "--tasks", 3, *RESOURCES, "--submit",
+                "--", *ENCODE, cwd=tmp_path)
+    job = res.stdout.strip()
+    jobs.append(job)
+    states = wait_for_job_states(job, timeout=180)
+    assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs_of(out, job)}"
+    finish(reference)
+    got = assert_same_vectors(out, ref)
+    assert len({key for key in got if key[0].startswith("s")}) == 2 * 12 and len(got) == 2 * 12 + 7
+    summary = json.loads(mmenc("errors", "summary", out, "--json", cwd=tmp_path).stdout)
+    assert summary["errors"] == 1
+    tasks = [read_json(p)["counters"] for p in OutDir(out).task_meta_paths()]
+    assert sum(c["rows"] for c in tasks) == 12 + 1 + 7 and all(c["rows"] for c in tasks)

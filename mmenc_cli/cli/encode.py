@@ -77,7 +77,7 @@ class Signals:
 def build_config(o: dict[str, Any]) -> Any:
     """The `RunConfig` of the encode options `o` (the command's parameters by name)."""
     from ..config import BatchConfig, ConfigError, ManifestConfig, MediaConfig, ModelConfig, RunConfig, WriterConfig
-    from ..readers.files import check_input, is_url
+    from ..readers.files import check_input
 
     for m in o["manifests"]:
         check_input(m)

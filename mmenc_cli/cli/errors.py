@@ -80,4 +80,4 @@ def retry(out: OutArg, output: Annotated[Path, typer.Option("--output", "-o", he
                 n += 1
         tmp.replace(output)
     echo_err(f"mmenc: wrote {n} rows to {output}"
-             + (f"; {skipped} invalid manifest lines cannot be retried (fix the manifest)" if skipped else ""))
+             + (f"; {skipped} invalid rows cannot be retried (fix the input)" if skipped else ""))

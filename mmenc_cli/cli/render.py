@@ -62,7 +62,7 @@ def summary_lines(result: "RunResult", verbose: bool = False) -> list[str]:
     failed_items = sum(m.failed_total for m in c.modalities.values())
     done = f"{result.state} after " if result.state != "done" else ""
     head = _some((c.encoded_now, "items encoded"), (failed_items, "failed"), (c.skipped, "skipped"),
-                 (c.invalid, "invalid lines"), (c.not_downloaded, "not downloaded")) or "nothing to do"
+                 (c.invalid, "invalid rows"), (c.not_downloaded, "not downloaded")) or "nothing to do"
     lines = [f"mmenc: {done}{c.rows} rows -> {result.out} in {result.elapsed:.1f} s: {head}"]
     for name, m in sorted(c.modalities.items()):
         truncated = f" ({m.truncated} truncated)" if m.truncated else ""
@@ -92,9 +92,9 @@ def _failure_lines(c: "Counters", out: str) -> list[str]:
             codes[code] = codes.get(code, 0) + n
     lines = [f"  {code} {CODE_WORDS.get(code, 'failed')}: {n}" for code, n in sorted(codes.items())]
     if c.invalid:
-        lines.append(f"  invalid manifest lines: {c.invalid}")
+        lines.append(f"  invalid rows (lines, samples, shards): {c.invalid}")
     if c.invalid_before:
-        lines.append(f"  invalid manifest lines earlier: {c.invalid_before}")
+        lines.append(f"  invalid rows earlier: {c.invalid_before}")
     if lines:
         lines.append(f"  see: mmenc errors summary {out}")
     return lines

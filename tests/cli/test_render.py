@@ -50,11 +50,11 @@ def test_failures_get_a_line_per_code_and_where_to_look() -> None:
     c.add_row("rows", 16)
     c.add_row("invalid", 2)
     lines = summary_lines(result(c, state="interrupted", threshold_exceeded="5 errors > --max-errors 1"))
-    assert lines[0] == "mmenc: interrupted after 16 rows -> /data/out in 12.3 s: 8 items encoded, 4 failed, 2 invalid lines"
+    assert lines[0] == "mmenc: interrupted after 16 rows -> /data/out in 12.3 s: 8 items encoded, 4 failed, 2 invalid rows"
     assert lines[1:] == [
         "  image  6 encoded, 4 failed, 2 encoded earlier",
         "  text   2 encoded, 1 failed earlier, not retried, 1 not attempted",
-        "  404 not found: 3", "  415 unsupported: 1", "  invalid manifest lines: 2",
+        "  404 not found: 3", "  415 unsupported: 1", "  invalid rows (lines, samples, shards): 2",
         "  see: mmenc errors summary /data/out",
         "  1 items not attempted: re-run the same command to finish them",
         "  error threshold exceeded: 5 errors > --max-errors 1"]

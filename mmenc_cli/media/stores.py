@@ -10,7 +10,7 @@ from .sources import SUPPORTED_SOURCES, check_payload, check_size, describe_sour
 
 
 #: the URL schemes read through fsspec (object stores, the Hugging Face hub, fsspec's memory store)
-STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "hf", "memory", "file"})
+STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "hf", "memory", "file", "local"})
 
 
 def read_fsspec(url: str, cfg: MediaConfig) -> bytes:

@@ -164,7 +164,8 @@ def expand(given: str) -> list[tuple[str, bool]]:
             continue
         if is_url(path):
             fs, inner = _fs(path)
-            matches = sorted(fs.unstrip_protocol(m) for m in fs.glob(inner))
+            scheme = path.split("://", 1)[0]  # kept as given (fsspec would name local:// files file://)
+            matches = sorted(f"{scheme}://{m}" for m in fs.glob(inner))
         else:
             matches = sorted(glob.glob(path, recursive=True))
         if not matches:

@@ -237,6 +237,24 @@ def test_an_img2dataset_folder_in_each_layout(tmp_path: Path) -> None:
     assert sum(len(s) for s in shares) == len(got)
 
 
+def test_inputs_through_fsspecs_local_filesystem(tmp_path: Path) -> None:
+    """`local://` goes through fsspec's LocalFileSystem (what a remote store goes through), not os."""
+    pytest.importorskip("fsspec")
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "b.png").write_bytes(png(2))
+    (tmp_path / "m.jsonl").write_text('{"id": "b", "image": "pics/b.png"}\n')
+    for n in range(3):
+        write_tar(tmp_path / f"{n:05d}.tar", sample(f"k{n}", n))
+    url = f"local://{tmp_path}"
+    got = rows([f"{url}/m.jsonl", f"{url}/{{00000..00003}}.tar", f"{url}/pics"])
+    assert [r.id if isinstance(r, ManifestRow) else r.error.reason for r in got] == [
+        "b", "k0", "k1", "k2", "manifest.missing_shard", "b.png"]
+    assert got[1].image == png(0) and got[0].base_dir == url
+    assert load_bytes(got[0].image, got[0].base_dir, MediaConfig(), 0.0)[0] == png(2)
+    shares = [rows([f"{url}/*.tar"], task=(i, 2)) for i in range(2)]
+    assert sorted(r.id for s in shares for r in s) == ["k0", "k1", "k2"]
+
+
 def test_inputs_behind_fsspec_urls(tmp_path: Path) -> None:
     fsspec = pytest.importorskip("fsspec")
     fs = fsspec.filesystem("memory")

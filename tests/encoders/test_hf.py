@@ -62,7 +62,7 @@ def test_dual_tower_matches_reference(models: dict[str, Path], name: str) -> Non
     assert encoder.modalities == {"image", "text"} and encoder.default_normalize is True
     assert encoder.info["image_input"] == ("float32" if name == "siglip2" else "uint8")
     model = reference_model(path)
-    processor, tokenizer = AutoImageProcessor.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    processor, tokenizer = AutoImageProcessor.from_pretrained(path, backend="pil"), AutoTokenizer.from_pretrained(path)
     # SigLIP's text tower reads the last position: its documentation pads to max_length
     padding = True if name == "clip" else "max_length"
     with torch.inference_mode():
@@ -98,7 +98,7 @@ def test_vision_backbone_matches_reference(models: dict[str, Path], name: str, p
     assert encoder.modalities == {"image"} and encoder.default_normalize is False
     model = reference_model(path)
     with torch.inference_mode():
-        out = model(**AutoImageProcessor.from_pretrained(path)(images=images(), return_tensors="pt"))
+        out = model(**AutoImageProcessor.from_pretrained(path, backend="pil")(images=images(), return_tensors="pt"))
     expected = {"auto": out.pooler_output, "cls": out.last_hidden_state[:, 0],
                 "mean": out.last_hidden_state[:, 1:].mean(dim=1)}[pooling]
     assert_close(encode_images(encoder, images()), expected)

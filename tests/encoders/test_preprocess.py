@@ -48,8 +48,10 @@ def split_path(processor, images: list[Image.Image]) -> np.ndarray:
 
 
 def processors():
-    from transformers import (BitImageProcessor, CLIPImageProcessor, SiglipImageProcessor,
-                              ViTImageProcessor)
+    # the PIL-backend classes: with torchvision installed the plain names are the torchvision
+    # backend, which mmenc never loads (`loading.load_part` asks for backend="pil")
+    from transformers import (BitImageProcessorPil as BitImageProcessor, CLIPImageProcessorPil as CLIPImageProcessor,
+                              SiglipImageProcessorPil as SiglipImageProcessor, ViTImageProcessorPil as ViTImageProcessor)
 
     return {
         "clip": CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
@@ -85,7 +87,7 @@ def test_center_crop_matches_transformers() -> None:
 
 
 def test_unsplittable_processor_falls_back_to_full_processor() -> None:
-    from transformers import CLIPImageProcessor
+    from transformers import CLIPImageProcessorPil as CLIPImageProcessor
 
     processor = CLIPImageProcessor(size={"shortest_edge": 32, "longest_edge": 48}, do_center_crop=False)
     prep, table = plan_image_input(processor)
@@ -107,7 +109,7 @@ def heavy_modules_after(code: str) -> str:
 
 
 def test_worker_preprocessor_pickles_and_never_imports_torch() -> None:
-    from transformers import CLIPImageProcessor
+    from transformers import CLIPImageProcessorPil as CLIPImageProcessor
 
     prep, _ = plan_image_input(CLIPImageProcessor(size={"shortest_edge": 32},
                                                   crop_size={"height": 32, "width": 32}))

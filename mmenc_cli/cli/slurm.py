@@ -140,6 +140,10 @@ def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
         echo_err(f"mmenc: warning: no --model: the job uses the bundled DEMO model {model}")
     if Path(model).expanduser().exists():
         model = os.path.abspath(Path(model).expanduser())
+    else:  # open_clip:./folder, timm:~/folder: absolute, for the tasks
+        from ..encoders.libraries import canonical_model
+
+        model = canonical_model(model)
     for m in o["manifests"]:
         check_input(m)
     out_abs = Path(os.path.abspath(o["out"].expanduser()))

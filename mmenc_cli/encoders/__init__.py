@@ -10,6 +10,9 @@ that load a model. Families are tried in `FAMILIES` order; each names its loader
 * `clip`: CLIP, SigLIP, SigLIP 2: image and text, projected pooled embeddings (`clip.py`).
 * `vision`: image-only backbones (ViT, DINOv2, ...) with `auto`/`cls`/`mean` pooling (`vision.py`).
 
+Models other libraries build are named for them (`libraries.split_model`): OpenCLIP
+(`openclip.py`) and timm (`timm_backbone.py`), each an optional extra.
+
 The transformers-backed families share `hf.HFEncoder`; every adapter derives from `base.Encoder`,
 which declares all the run code may call. `register_family` adds a family ahead of these.
 """
@@ -18,11 +21,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ModelLoadError
 from .base import EncodeOutput, Encoder, ImageInput, ImagePreprocessor
 from .device import configure_backend, resolve_device, resolve_dtype
+from .libraries import split_model
 from .loading import ModelProbe, fetch_file, probe_model
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,27 +75,49 @@ def register_family(family: Family) -> None:
     FAMILIES.insert(0, family)
 
 
+#: families another library builds (`libraries.py`): loader "module:function" taking
+#: `(name, cfg, device)`, and the poolings they support
+LIBRARY_FAMILIES: dict[str, tuple[str, frozenset[str]]] = {
+    "open_clip": (".openclip:load", frozenset({"auto"})),
+    "timm": (".timm_backbone:load", frozenset({"auto", "cls", "mean"})),
+}
+
+
 def load_encoder(cfg: "ModelConfig", device: str | None = None) -> Encoder:
     """Load `cfg.model` once, in eval mode, on `device` (default: the first of `cfg.devices`).
 
     Raises `ModelLoadError` for a missing folder, an unreachable hub, an unsupported model or
     pooling, weights that cannot load, or a model that fails a one-item test encode.
     """
-    probe = probe_model(cfg)
+    library, name = split_model(cfg.model)
+    probe = probe_model(cfg) if library is None else None
+    if probe is not None and probe.model_type == "timm_wrapper":  # a timm repository on the hub
+        library, name = "timm", f"hf-hub:{probe.source}"
+    if library is not None:
+        loader, poolings = LIBRARY_FAMILIES[library]
+        return _load(loader, poolings, library, cfg, device, name)
+    assert probe is not None
     family = next((f for f in FAMILIES if f.matches(probe)), None)
     if family is None:
         raise ModelLoadError(
             f"unsupported model {cfg.model!r} (model_type {probe.model_type!r}): mmenc encodes CLIP/SigLIP, "
-            "image backbones (ViT, DINOv2, ...) and sentence-transformers models")
-    if cfg.pooling not in family.poolings:
-        raise ModelLoadError(f"--pooling {cfg.pooling} is not supported for {family.name} models "
-                             f"(supported: {', '.join(sorted(family.poolings))})")
+            "image backbones (ViT, DINOv2, ...), sentence-transformers models, and OpenCLIP and timm "
+            "models (open_clip:NAME, timm:NAME)")
+    return _load(family.loader, family.poolings, family.name, cfg, device, probe)
+
+
+def _load(loader: str, poolings: frozenset[str], name: str, cfg: "ModelConfig", device: str | None,
+          what: Any) -> Encoder:
+    """Check the pooling, settle the device, and call `loader` with `what` (a probe, or a name)."""
+    if cfg.pooling not in poolings:
+        raise ModelLoadError(f"--pooling {cfg.pooling} is not supported for {name} models "
+                             f"(supported: {', '.join(sorted(poolings))})")
     resolved = resolve_device(device or cfg.devices[0])
     configure_backend(resolved)
-    module, _, function = family.loader.partition(":")
-    loader = getattr(importlib.import_module(module, __name__), function)
+    module, _, function = loader.partition(":")
+    load = getattr(importlib.import_module(module, __name__), function)
     try:
-        return loader(probe, cfg, resolved)
+        return load(what, cfg, resolved)
     except ModelLoadError:
         raise
     except Exception as exc:  # anything else while loading is still a startup failure

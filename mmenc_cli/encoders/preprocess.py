@@ -63,18 +63,33 @@ def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return padded[:, max(0, top):min(new_h, top + height), max(0, left):min(new_w, left + width)]
 
 
+def center_crop_rounded(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Center-crop a CHW array as torchvision's `center_crop` does it (OpenCLIP, timm): zero-pad
+    where it is smaller (left/top get the floor half), offsets rounded half to even."""
+    _, h, w = pixels.shape
+    if width > w or height > h:
+        top, left = max(height - h, 0) // 2, max(width - w, 0) // 2
+        padded = np.zeros((pixels.shape[0], max(height, h), max(width, w)), dtype=pixels.dtype)
+        padded[:, top:top + h, left:left + w] = pixels
+        pixels, (_, h, w) = padded, padded.shape
+    top, left = int(round((h - height) / 2.0)), int(round((w - width) / 2.0))
+    return pixels[:, top:top + height, left:left + width]
+
+
 @dataclass(frozen=True)
 class PixelPreprocessor:
     """Worker side of the uint8 path: RGB -> resize -> center crop -> uint8 CHW `ImageInput`.
 
     Exactly one of `size` (fixed height, width) and `shortest_edge` is set when resizing; `crop`
-    is (height, width) or None; `resample` is a PIL resampling filter id.
+    is (height, width) or None, cut as transformers does (`rounded_crop` False) or as torchvision
+    does (True); `resample` is a PIL resampling filter id.
     """
 
     size: tuple[int, int] | None
     shortest_edge: int | None
     crop: tuple[int, int] | None
     resample: int
+    rounded_crop: bool = False
 
     def __call__(self, image: "Image.Image") -> ImageInput:
         image = to_rgb(image)
@@ -85,7 +100,7 @@ class PixelPreprocessor:
             image = image.resize((target[1], target[0]), resample=self.resample)
         pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
         if self.crop is not None:
-            pixels = center_crop(pixels, *self.crop)
+            pixels = (center_crop_rounded if self.rounded_crop else center_crop)(pixels, *self.crop)
         return ImageInput(np.ascontiguousarray(pixels))
 
 

@@ -12,13 +12,13 @@ import hashlib
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..encoders.base import Encoder
+from ..encoders.libraries import canonical_model, model_path
 from ..outdir import OutDir, read_json
 from .counters import Counters, RunResult
 
@@ -29,8 +29,8 @@ FINGERPRINT_KEYS = ("model", "model_stamp", "revision", "pooling", "dtype", "nor
 
 def model_stamp(model: str) -> str | None:
     """For a local model folder: a hash of its config and weight file sizes (None for hub ids)."""
-    path = Path(model).expanduser()
-    if not path.is_dir():
+    path = model_path(model)
+    if path is None:
         return None
     h = hashlib.sha256()
     for name in sorted(os.listdir(path)):
@@ -46,12 +46,12 @@ def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
     """The options that change the vectors or schema, with the dtype already resolved.
     ConfigError for `--revision` with a local folder, which has no revisions to pick from."""
     m = cfg.model
-    path = Path(m.model).expanduser()
-    if m.revision is not None and path.is_dir():
+    path = model_path(m.model)
+    if m.revision is not None and path is not None:
         raise ConfigError(f"--revision {m.revision} names a hub revision, but {m.model} is a local folder: "
                           "drop --revision, or give the hub id")
     return {
-        "model": str(path.resolve()) if path.is_dir() else m.model,
+        "model": canonical_model(m.model),
         "model_stamp": model_stamp(m.model),
         "revision": m.revision,
         "pooling": m.pooling,
@@ -97,12 +97,25 @@ def model_facts(cfg: RunConfig, enc: Encoder, dtype: str) -> dict[str, Any]:
             "out_dtype": out_dtype, "output_kind": enc.output_kind, "mmenc_version": __version__}
 
 
+#: libraries whose version can change the vectors (a resume under another version warns)
+VECTOR_LIBRARIES = ("torch", "transformers", "open_clip_torch", "timm", "torchvision")
+
+
+def version_changes(recorded: dict[str, str] | None) -> list[tuple[str, str, str]]:
+    """(library, version the output was started with, version now) of each library that shapes
+    the vectors and changed since."""
+    now = library_versions()
+    recorded = recorded if isinstance(recorded, dict) else {}
+    return [(name, str(recorded[name]), now[name]) for name in VECTOR_LIBRARIES
+            if name in recorded and name in now and str(recorded[name]) != now[name]]
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries that shape the vectors, for the run metadata."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"mmenc": __version__, "python": platform.python_version()}
-    for name in ("torch", "transformers", "pillow", "pyarrow", "safetensors", "numpy"):
+    for name in ("torch", "transformers", "pillow", "pyarrow", "safetensors", "numpy", *VECTOR_LIBRARIES[2:]):
         try:
             out[name] = version(name)
         except PackageNotFoundError:

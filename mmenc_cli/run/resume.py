@@ -8,6 +8,7 @@ are kept as 64-bit hashes (`idset.HashSet64`), about 8 bytes an item, never an o
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,9 @@ from ..idset import AttemptCounts, HashSet64, id_hash
 from ..locks import TaskLock
 from ..outdir import OutDir, iter_shard_keys
 from ..report import iter_error_records
-from .metadata import fingerprint_diff
+from .metadata import fingerprint_diff, version_changes
+
+log = logging.getLogger("mmenc")
 
 #: failures a plain re-run tries again: remote unavailable, timed out
 RETRYABLE_CODES = frozenset({503, 504})
@@ -75,6 +78,9 @@ def check_output(out: OutDir, fp: dict[str, Any]) -> dict[str, Any] | None:
     if diff:
         raise OutputError(f"{out.root} was written with other options ({'; '.join(diff)}); "
                           "use the same options, another --out, or --overwrite to start over")
+    for name, was, now in version_changes(meta.get("versions")):  # a routine upgrade: go on, say so
+        log.warning("%s was started with %s %s, this run has %s %s: resuming; vectors made by the two "
+                    "versions may differ slightly", out.root, name, was, name, now)
     return meta.get("facts")
 
 

@@ -6,10 +6,10 @@ validated in `__post_init__` so a bad combination fails before anything is loade
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .cpus import usable_cpus
 from .errors import ConfigError
 from .records import MODALITIES
 
@@ -57,8 +57,15 @@ class MediaConfig:
     fetch_timeout: float = 20.0
     fetch_retries: int = 3
     decode_timeout: float = 60.0  # reading, decoding, preprocessing one image; fetching has its own
+    #: "fast": a JPEG at least twice the model's input on both sides decodes at a reduced DCT scale;
+    #: "exact": full decoding, the processor's own pixels; "gpu": JPEGs decoded and resized on the
+    #: model's device; None: fast for a new output, else what the output was written with (the run
+    #: settles it, `run/metadata.decode_mode`)
+    decode: str | None = None
 
     def __post_init__(self) -> None:
+        if self.decode not in (None, "fast", "exact", "gpu"):
+            raise ConfigError(f"--decode must be fast, exact or gpu, not {self.decode!r}")
         if self.max_image_pixels <= 0 or self.max_file_bytes <= 0:
             raise ConfigError("--max-image-pixels and --max-file-bytes must be > 0")
         if self.decode_timeout <= 0:
@@ -128,13 +135,14 @@ class BatchConfig:
         if self.prefetch_batches <= 0:
             raise ConfigError("prefetch must be > 0")
 
-    @property
-    def resolved_workers(self) -> int:
-        """Worker processes for decoding: CPU count minus one for the encode loop, at most 8."""
-        if self.workers is not None:
-            return self.workers
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, min(8, cpus - 1))
+    def workers_per_device(self, devices: int = 1) -> int:
+        """Decode worker processes of one device process: `--workers` (0: decode in-process), by
+        default the CPUs this process may use less one for each device's encode loop, split
+        between the device processes."""
+        if self.workers == 0:
+            return 0
+        total = self.workers if self.workers is not None else usable_cpus() - devices
+        return max(1, total // max(1, devices))
 
 
 @dataclass(frozen=True)

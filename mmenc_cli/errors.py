@@ -173,6 +173,20 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text.lower())
 
 
+#: CUDA errors after which the device's context is unusable: every later call fails the same way
+STICKY_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "misaligned address",
+                        "illegal instruction", "unspecified launch failure", "uncorrectable ecc error",
+                        "hardware stack error", "launch timed out")
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """True for a sticky CUDA error (`STICKY_DEVICE_ERRORS`): no later batch can succeed, so it
+    ends the run instead of failing items. Without importing torch."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("cuda" in text or type(exc).__name__ == "AcceleratorError") \
+        and any(s in text for s in STICKY_DEVICE_ERRORS)
+
+
 class ExitCode(enum.IntEnum):
     """The exit codes of `mmenc` (README: "Unattended runs")."""
 
@@ -214,6 +228,13 @@ class OutputError(RunError):
     """The output folder cannot be used (not writable, conflicting options)."""
 
     exit_code = ExitCode.SETUP
+
+
+class DeviceError(RunError):
+    """The accelerator failed as a whole (a sticky CUDA error): the run stops, what is committed
+    stays, the rest is left for a re-run (exit 1)."""
+
+    exit_code = ExitCode.INTERNAL
 
 
 class ModelLoadError(RunError):

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from mmenc_cli.encoders.base import EncodeOutput, Encoder, ImageInput
+from mmenc_cli.encoders.base import EncodeOutput, Encoder, ImageInput, ImagePreprocessor
 
 
 class FakeOOM(RuntimeError):
@@ -25,7 +25,7 @@ class FakeOOM(RuntimeError):
 
 
 @dataclass
-class FakePreprocessor:
+class FakePreprocessor(ImagePreprocessor):
     """Worker side: a 4x4 uint8 thumbnail (picklable, torch-free)."""
 
     def __call__(self, image: Image.Image) -> ImageInput:

@@ -102,7 +102,7 @@ def test_micro_batches_and_order() -> None:
     assert all(isinstance(o, Outcome) and o.truncated is False for o in outcomes)
     assert runner.stats.calls == 3
     assert runner.stats.bisections == 0 and runner.stats.oom_halvings == 0
-    assert runner.batch_size == 4
+    assert runner.size("text") == 4
 
 
 def test_modality_is_passed_through() -> None:
@@ -145,7 +145,7 @@ def test_poisoned_payload_is_isolated_by_bisection() -> None:
     # 8 fails -> [0:4] ok, [4:8] fails -> [4:6] fails -> [4] ok, [5] fails; [6:8] ok
     assert enc.calls == [list(range(8)), [0, 1, 2, 3], [4, 5, 6, 7], [4, 5], [4], [5], [6, 7]]
     assert runner.stats.bisections == 3
-    assert runner.batch_size == 8  # a plain failure never shrinks the batch size
+    assert runner.size("text") == 8  # a plain failure never shrinks the batch size
     assert runner.stats.oom_halvings == 0
 
 
@@ -182,7 +182,7 @@ def test_oom_halves_batch_size_without_failing_anything() -> None:
     outcomes = runner.run("image", payloads)
 
     assert_ok(outcomes, payloads)
-    assert runner.batch_size == 2
+    assert runner.size("image") == 2
     assert runner.stats.regrowths == 0
     # 8 -> OOM, 4 -> OOM, then [4:8] of the first top batch tries 4 once more
     assert enc.sizes == [8, 4, 2, 2, 4, 2, 2, 2, 2, 2, 2]
@@ -199,7 +199,7 @@ def test_batch_size_grows_back_after_grow_after_successes() -> None:
     runner = BatchRunner(enc, batch_size=8, grow_after=3)
     first = list(range(8))
     assert_ok(runner.run("text", first), first)
-    assert runner.batch_size == 2
+    assert runner.size("text") == 2
     assert runner.stats.oom_halvings == 3 and runner.stats.regrowths == 0
 
     enc.pressure = False  # memory is back
@@ -208,7 +208,7 @@ def test_batch_size_grows_back_after_grow_after_successes() -> None:
     assert_ok(runner.run("text", second), second)
     # the 3rd success since the last OOM doubles 2 -> 4, three more double 4 -> 8
     assert enc.sizes == [2, 4, 4, 2]
-    assert runner.batch_size == 8
+    assert runner.size("text") == 8
     assert runner.stats.regrowths == 2
     assert runner.stats.events[-2:] == [
         "3 batches without running out of memory: growing batch size 2 -> 4",
@@ -218,7 +218,7 @@ def test_batch_size_grows_back_after_grow_after_successes() -> None:
     third = list(range(200, 224))
     runner.run("text", third)
     assert enc.sizes == [8, 8, 8]  # never above the configured size
-    assert runner.batch_size == 8 and runner.stats.regrowths == 2
+    assert runner.size("text") == 8 and runner.stats.regrowths == 2
 
 
 def test_growth_is_capped_at_configured_size() -> None:
@@ -228,7 +228,7 @@ def test_growth_is_capped_at_configured_size() -> None:
     runner.run("text", list(range(6)))  # 6 -> OOM (3), 3 -> OOM (1) ... then regrows
     enc.pressure = False
     runner.run("text", list(range(30)))
-    assert runner.batch_size == 6
+    assert runner.size("text") == 6
     assert max(enc.sizes) == 6
 
 
@@ -263,7 +263,7 @@ def test_memory_error_is_treated_like_oom() -> None:
     runner = BatchRunner(encode, batch_size=2, grow_after=100)
     outcomes = runner.run("text", [4, 5])
     assert_ok(outcomes, [4, 5])
-    assert runner.batch_size == 1 and runner.stats.oom_halvings == 1
+    assert runner.size("text") == 1 and runner.stats.oom_halvings == 1
 
 
 # -- per-row results --------------------------------------------------------------------------

@@ -53,6 +53,11 @@ def job_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_jsonl(d / "manifest.jsonl", rows)
 
 
+def shm_segments() -> set[str]:
+    """Every shared-memory segment on the machine (not only mmenc's)."""
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
 def encode_args(manifest: Path, out: Path, model: Path) -> list[Any]:
     return ["encode", manifest, "--out", out, "--model", model, "--device", "cpu", "--batch-size", "4",
             "--shard-size", "6", "--workers", "1", "--progress", "none"]
@@ -85,8 +90,15 @@ def assert_same_output(out: Path, ref: Path) -> None:
 def test_sigkill_then_rerun_equals_clean_run(kill_at: str, tmp_path: Path, job_manifest: Path, tiny_clip: Path,
                                              clean_run: Path) -> None:
     out = tmp_path / "out"
+    before = shm_segments()
     killed = mmenc(*encode_args(job_manifest, out, tiny_clip), kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # the decode workers' shared memory goes with the killed process (its workers exit, then
+    # Python's resource tracker unlinks the segment): /dev/shm itself, not mmenc's bookkeeping
+    deadline = time.monotonic() + 20
+    while shm_segments() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert shm_segments() - before == set()  # nothing new is left (others' may have come and gone)
     od = OutDir(out)
     if kill_at.startswith("before_rename"):
         assert list((od.meta / "tmp").glob(".part-*")), "a temp shard should be left behind"

@@ -18,6 +18,7 @@ import typer
 from . import encode, errors, export, inspect, slurm, status
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,  # option help holds [default: ...] and mmenc[gpu]: not markup
                   help="Batch-encode images and texts into embeddings, offline, without losing a row.")
 app.command("encode")(encode.encode)
 app.command("inspect")(inspect.inspect)

@@ -94,7 +94,7 @@ def build_config(o: dict[str, Any]) -> Any:
         manifest=ManifestConfig(keep=tuple(o["keep"] or ()), **pick("id_key", "image_key", "text_key", "limit",
                                                                     "csv_multiline", "max_row_bytes")),
         media=MediaConfig(**pick("max_image_pixels", "max_file_bytes", "fetch_timeout", "fetch_retries",
-                                 "decode_timeout")),
+                                 "decode_timeout", "decode")),
         batch=BatchConfig(**pick("batch_size", "max_batch_tokens", "workers")),
         modalities=mods, task_index=index, task_count=count,
         **pick("max_errors", "max_error_rate", "fail_fast", "overwrite", "wait_lock"))
@@ -144,7 +144,9 @@ def encode(
     cpu_forward: Annotated[str, typer.Option(help="CPU forward: auto (oneDNN's or PyTorch's linears, whichever the run's own batches find faster; two batch streams), plain (PyTorch's own forward, one stream), onednn (oneDNN's linears pinned).")] = "auto",
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow model code from the hub.")] = False,
     allow_pickle_weights: Annotated[bool, typer.Option("--allow-pickle-weights", help="Allow .bin (pickle) weights; default safetensors only.")] = False,
-    workers: Annotated[Optional[int], typer.Option(help="Decode worker processes (default: CPUs - 1, at most 8; 0 = in-process).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Decode worker processes in all (default: the CPUs this "
+                                                        "process may use, less one per device; split between "
+                                                        "devices; 0 = in-process).")] = None,
     format: Annotated[str, typer.Option("--format", help="parquet or safetensors.")] = "parquet",
     out_dtype: Annotated[Optional[str], typer.Option(help="float32 (default for vectors), float16, bfloat16 (safetensors).")] = None,
     shard_size: Annotated[int, typer.Option(help="Rows per shard.")] = 10_000,
@@ -154,6 +156,11 @@ def encode(
     fetch_retries: Annotated[int, typer.Option(help="HTTP retries with back-off.")] = 3,
     decode_timeout: Annotated[float, typer.Option(help="Seconds to read, decode and preprocess one image "
                                                        "(after its fetch); a worker past it is replaced.")] = 60.0,
+    decode: Annotated[Optional[str], typer.Option(help="fast: JPEGs at least twice the model's input decode at a "
+                                                  "reduced scale (several times faster); exact: the processor's own "
+                                                  "pixels; gpu: JPEGs decoded and resized on the device (nvJPEG, "
+                                                  "needs mmenc[gpu]) [default: fast; a resumed output keeps its "
+                                                  "mode]", show_default=False)] = None,
     max_row_bytes: Annotated[int, typer.Option(help="A manifest line or CSV record larger than this fails "
                                                     "with 413 without being loaded.")] = 32 * 1024 * 1024,
     max_errors: Annotated[Optional[int], typer.Option(help="Exit 4 when more items fail.")] = None,

@@ -12,7 +12,7 @@ from .exits import fatal_errors
 from .options import JsonOpt, OutArg
 from .render import echo_err, error_line, print_error_summary
 
-errors_app = typer.Typer(no_args_is_help=True, help="Inspect failed items and turn them into a retry manifest.")
+errors_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Inspect failed items and turn them into a retry manifest.")
 
 CodeOpt = Annotated[Optional[List[int]], typer.Option("--code", help="Only this HTTP-style code (repeatable).")]
 ReasonOpt = Annotated[Optional[List[str]], typer.Option("--reason", help="Only this reason slug (repeatable).")]

@@ -12,7 +12,7 @@ from .exits import fatal_errors
 from .options import JsonOpt, OutArg
 from .render import echo_err
 
-export_app = typer.Typer(no_args_is_help=True, help="Export token embeddings for serving engines.")
+export_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Export token embeddings for serving engines.")
 
 DestArg = Annotated[Path, typer.Argument(help="Folder to write (empty, missing, or an earlier export).",
                                          show_default=False)]

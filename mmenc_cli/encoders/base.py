@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import MMError
 
@@ -39,10 +39,21 @@ class ImageInput:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-class ImagePreprocessor(Protocol):
+class ImagePreprocessor(ABC):
     """Runs in worker processes: RGB PIL image -> `ImageInput`. Must be picklable, torch-free."""
 
+    @abstractmethod
     def __call__(self, image: "Image.Image") -> ImageInput: ...
+
+    def draft_size(self, width: int, height: int) -> tuple[int, int] | None:
+        """(width, height) the preprocessing needs of an upright image this size, when a JPEG of it
+        may be decoded at a reduced scale (`--decode fast`); None: decode in full (the default)."""
+        return None
+
+    def max_pixel_bytes(self) -> int | None:
+        """An upper bound of one image's uint8 `pixels` in bytes, when there is one: the decode
+        workers then hand pixels over in shared memory. None: sizes vary (pickled)."""
+        return None
 
 
 @dataclass(slots=True)
@@ -103,6 +114,13 @@ class Encoder(ABC):
 
     def device_seconds(self) -> float | None:
         """Seconds the accelerator spent in forward passes so far; None where not measured."""
+        return None
+
+    def image_device_decoder(self) -> Callable[[list[ImageInput]], list[ImageInput | None]] | None:
+        """`--decode gpu`: a function that decodes the JPEG payloads of a batch (`meta["jpeg"]`,
+        encoded bytes) on the model's device and preprocesses them there, returning each payload
+        decoded (or as it was, when it was not a JPEG) or None where the decoder refused it. None:
+        this model's preprocessing cannot run on the device."""
         return None
 
     def forward_summary(self) -> dict[str, Any] | None:

@@ -5,12 +5,13 @@ torch is imported inside the functions so that importing this module stays cheap
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import ModelLoadError
 from .cpu.malloc import keep_freed_memory
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import torch
 
 
@@ -51,15 +52,37 @@ def resolve_dtype(dtype: str, device: str) -> "torch.dtype":
 
 
 def configure_backend(device: str) -> None:
-    """Allow TF32 matmuls/convolutions on CUDA: float32 work (e.g. pixel normalization, float32
-    models) runs on tensor cores; embeddings do not need the last mantissa bits. Keep freed
-    tensor memory in the process (`keep_freed_memory`)."""
+    """Make `cuda:N` this process's current device (a device process's CUDA events, streams and
+    context are then on its own GPU, not on GPU 0). Allow TF32 matmuls/convolutions on CUDA:
+    float32 work (e.g. pixel normalization, float32 models) runs on tensor cores; embeddings do
+    not need the last mantissa bits. Keep freed tensor memory in the process (`keep_freed_memory`)."""
     import torch
 
     keep_freed_memory()
+    if device.startswith("cuda:"):  # this process's current device: CUDA events, streams, its context
+        torch.cuda.set_device(torch.device(device))
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def stack_to_device(arrays: Sequence["np.ndarray"], device: str) -> "torch.Tensor":
+    """Same-shaped numpy arrays (or tensors already on the device) as one batch tensor on `device`.
+    On CUDA numpy arrays are stacked straight into pinned host memory (one copy, e.g. out of the
+    decode workers' shared memory) and copied on asynchronously; PyTorch's pinned-memory cache
+    reuses that buffer only once the copy is done."""
+    import numpy as np
+    import torch
+
+    if any(isinstance(a, torch.Tensor) for a in arrays):  # some decoded on the device (--decode gpu)
+        return torch.stack([a if isinstance(a, torch.Tensor) else to_device(torch.from_numpy(a), device)
+                            for a in arrays]).to(device)
+    if not device.startswith("cuda"):
+        return torch.from_numpy(np.stack(arrays)).to(device)
+    dtype = torch.from_numpy(np.empty(0, dtype=arrays[0].dtype)).dtype
+    host = torch.empty((len(arrays), *arrays[0].shape), dtype=dtype, pin_memory=True)
+    np.stack(arrays, out=host.numpy())
+    return host.to(device, non_blocking=True)
 
 
 def to_device(tensor: "torch.Tensor", device: str) -> "torch.Tensor":

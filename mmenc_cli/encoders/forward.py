@@ -32,16 +32,26 @@ class PlainForward:
     def __init__(self, device: str, mode: str) -> None:
         self.device, self.mode = device, mode
         self.timer = ForwardTimer(device)
+        self.compile_seconds: float | None = None  # wall time of forwards that compiled (`--compile`)
 
     def run(self, payloads: Sequence[Any], prepare: Prepare,
             forward: Callable[[Inputs], "torch.Tensor"]) -> tuple["torch.Tensor", list[bool]]:
-        """The batch's float32 outputs and its truncation flags."""
+        """The batch's float32 outputs and its truncation flags. A forward that compiled is not
+        forward time: its wall time goes to `compile_seconds`."""
+        import time
+
         import torch
 
         with torch.inference_mode():
             inputs, truncated = prepare(payloads)
+            t0 = time.perf_counter()
             with self.timer:
                 vectors = forward(inputs).float()
+        if isinstance(forward, CompiledOrEager):
+            self.compile_seconds = self.compile_seconds or 0.0
+            if forward.compiled_now:
+                self.timer.discard_last()
+                self.compile_seconds += time.perf_counter() - t0
         return vectors, truncated
 
     def device_seconds(self) -> float | None:
@@ -51,8 +61,15 @@ class PlainForward:
     def summary(self) -> dict[str, Any]:
         """What ran: PyTorch's own forward, one stream (on the CPU; `None` fields elsewhere)."""
         on_cpu = self.device == "cpu"
-        return {"mode": self.mode, "streams": 1 if on_cpu else None, "linears": "pytorch" if on_cpu else None,
-                "evidence": None}
+        summary = {"mode": self.mode, "streams": 1 if on_cpu else None, "linears": "pytorch" if on_cpu else None,
+                   "evidence": None}
+        if self.compile_seconds is not None:
+            summary["compile_seconds"] = round(self.compile_seconds, 3)
+        if self.device.startswith("cuda"):
+            import torch
+
+            summary["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(self.device)))
+        return summary
 
 
 class ForwardTimer:
@@ -78,6 +95,11 @@ class ForwardTimer:
             self._pending[-1][1].record()
             self._collect(wait=False)
 
+    def discard_last(self) -> None:
+        """Leave the last pass out of the device time (it compiled: not the model's work)."""
+        if self.cuda and self._pending:
+            self._pending.pop()
+
     def _collect(self, wait: bool) -> None:
         keep = []
         for begin, end in self._pending:
@@ -98,19 +120,25 @@ class ForwardTimer:
 class CompiledOrEager:
     """Calls `fn` through `torch.compile`; if compiling fails, warns once and stays eager.
 
-    A failure on a call that also fails eagerly is the input's fault, not the compiler's: it is
-    raised and compilation is kept.
+    The batch dimension of every input (and the length of 2-D integer inputs, texts' token ids
+    and masks) is marked dynamic, so a new batch size or text length reuses the compiled code
+    instead of compiling again. `compiled_now` says whether the last call compiled (its time is
+    compile time, not forward time). A failure on a call that also fails eagerly is the input's
+    fault, not the compiler's: it is raised and compilation is kept.
     """
 
     def __init__(self, fn: Callable[[Inputs], "torch.Tensor"], name: str) -> None:
         import torch
 
-        self.fn, self.name, self.proven = fn, name, False
+        self.fn, self.name, self.proven, self.compiled_now = fn, name, False, False
         self.compiled: Callable[[Inputs], "torch.Tensor"] | None = torch.compile(fn)
 
     def __call__(self, inputs: Inputs) -> "torch.Tensor":
+        self.compiled_now = False
         if self.compiled is None:
             return self.fn(inputs)
+        _mark_dynamic(inputs)
+        graphs = _compiled_graphs()
         try:
             out = self.compiled(inputs)
         except Exception as exc:
@@ -121,5 +149,28 @@ class CompiledOrEager:
                         type(exc).__name__, first_line(exc))
             self.compiled = None
             return out
+        self.compiled_now = not self.proven or (graphs is not None and _compiled_graphs() != graphs)
         self.proven = True
         return out
+
+
+def _mark_dynamic(inputs: Inputs) -> None:
+    """Dim 0 of every tensor input (the batch), and dim 1 of 2-D integer ones (token ids and
+    masks: the text length), may change between calls."""
+    import torch
+
+    for t in inputs.values():
+        if isinstance(t, torch.Tensor) and t.ndim >= 1:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+            if t.ndim == 2 and not t.is_floating_point():
+                torch._dynamo.maybe_mark_dynamic(t, 1)
+
+
+def _compiled_graphs() -> int | None:
+    """How many graphs dynamo has compiled in this process (None where torch does not say)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # an internal counter: without it only the first call counts as compiling
+        return None

@@ -49,15 +49,21 @@ def shortest_edge_size(height: int, width: int, edge: int) -> tuple[int, int]:
     return (new_long, edge) if width <= height else (edge, new_long)
 
 
+def _zeros(like: Any, shape: tuple[int, ...]) -> Any:
+    """Zeros of `like`'s kind and dtype: a numpy array, or a torch tensor on its device."""
+    return like.new_zeros(shape) if hasattr(like, "new_zeros") else np.zeros(shape, dtype=like.dtype)
+
+
 def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Center-crop a CHW array, zero-padding first where it is smaller (transformers' semantics)."""
+    """Center-crop a CHW array (or tensor), zero-padding first where it is smaller (transformers'
+    semantics)."""
     _, h, w = pixels.shape
     top, left = (h - height) // 2, (w - width) // 2
     if top >= 0 and left >= 0:
         return pixels[:, top:top + height, left:left + width]
     new_h, new_w = max(height, h), max(width, w)
     pad_top, pad_left = -(-(new_h - h) // 2), -(-(new_w - w) // 2)  # ceil
-    padded = np.zeros((pixels.shape[0], new_h, new_w), dtype=pixels.dtype)
+    padded = _zeros(pixels, (pixels.shape[0], new_h, new_w))
     padded[:, pad_top:pad_top + h, pad_left:pad_left + w] = pixels
     top, left = top + pad_top, left + pad_left
     return padded[:, max(0, top):min(new_h, top + height), max(0, left):min(new_w, left + width)]
@@ -69,7 +75,7 @@ def center_crop_rounded(pixels: np.ndarray, height: int, width: int) -> np.ndarr
     _, h, w = pixels.shape
     if width > w or height > h:
         top, left = max(height - h, 0) // 2, max(width - w, 0) // 2
-        padded = np.zeros((pixels.shape[0], max(height, h), max(width, w)), dtype=pixels.dtype)
+        padded = _zeros(pixels, (pixels.shape[0], max(height, h), max(width, w)))
         padded[:, top:top + h, left:left + w] = pixels
         pixels, (_, h, w) = padded, padded.shape
     top, left = int(round((h - height) / 2.0)), int(round((w - width) / 2.0))
@@ -77,7 +83,7 @@ def center_crop_rounded(pixels: np.ndarray, height: int, width: int) -> np.ndarr
 
 
 @dataclass(frozen=True)
-class PixelPreprocessor:
+class PixelPreprocessor(ImagePreprocessor):
     """Worker side of the uint8 path: RGB -> resize -> center crop -> uint8 CHW `ImageInput`.
 
     Exactly one of `size` (fixed height, width) and `shortest_edge` is set when resizing; `crop`
@@ -90,6 +96,21 @@ class PixelPreprocessor:
     crop: tuple[int, int] | None
     resample: int
     rounded_crop: bool = False
+
+    def draft_size(self, width: int, height: int) -> tuple[int, int] | None:
+        """(width, height) the resize needs from an image of this size, when the image is at least
+        twice that on both sides (a JPEG can then be decoded at a reduced scale); else None."""
+        target = self.size
+        if self.shortest_edge is not None:
+            target = shortest_edge_size(height, width, self.shortest_edge)
+        if target is None or width < 2 * target[1] or height < 2 * target[0]:
+            return None
+        return target[1], target[0]
+
+    def max_pixel_bytes(self) -> int | None:
+        """3 x crop (or fixed size) bytes; None when only the shortest edge is fixed."""
+        fixed = self.crop or self.size
+        return None if fixed is None else 3 * fixed[0] * fixed[1]
 
     def __call__(self, image: "Image.Image") -> ImageInput:
         image = to_rgb(image)
@@ -105,7 +126,7 @@ class PixelPreprocessor:
 
 
 @dataclass(frozen=True)
-class ProcessorPreprocessor:
+class ProcessorPreprocessor(ImagePreprocessor):
     """Fallback: run the model's whole image processor in the worker and ship its float32 output.
 
     Extra model inputs the processor makes (e.g. SigLIP 2's `pixel_attention_mask`,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import MMError, ModelLoadError
-from .base import ImageInput
+from .base import ImageInput, ImagePreprocessor
 from .preprocess import normalization_table, to_rgb
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +60,7 @@ def patchify(pixels: np.ndarray, patch: int, merge: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class QwenPatchPreprocessor:
+class QwenPatchPreprocessor(ImagePreprocessor):
     """Worker side: RGB -> smart resize -> uint8 patches `[h*w, C*p*p]` + grid meta. Torch-free."""
 
     patch_size: int
@@ -95,7 +95,7 @@ class QwenPatchPreprocessor:
 
 
 @dataclass(frozen=True)
-class QwenProcessorPreprocessor:
+class QwenProcessorPreprocessor(ImagePreprocessor):
     """Fallback: the model's own image processor in the worker; float32 patches `[h*w, C*T*p*p]`.
 
     Unpickling it imports transformers (and torch) in the worker; used only for processors the

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ModelLoadError, first_line
 from .base import EncodeOutput, Encoder, ImageInput, ImagePreprocessor
 from .cpu import make_forward
-from .device import to_device
+from .device import stack_to_device, to_device
 from .forward import CompiledOrEager, Inputs
 from .loading import ModelProbe
 
@@ -120,6 +120,16 @@ class TorchEncoder(Encoder):
             raise ValueError(f"{self.info['model']}: this model does not encode images")
         return self._prep
 
+    def image_device_decoder(self) -> Any:
+        """`--decode gpu` for the uint8 resize-and-crop path (CLIP, SigLIP, ViT, OpenCLIP, timm);
+        None for a processor that runs whole in the workers."""
+        from .device_decode import DeviceJpegDecoder
+        from .preprocess import PixelPreprocessor
+
+        if self._table is None or not isinstance(self._prep, PixelPreprocessor):
+            return None
+        return DeviceJpegDecoder(self._prep, self.device)
+
     def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
         """Encode images (`ImageInput`s) or texts; float32 vectors, left on the device."""
         if modality not in self.modalities:
@@ -145,17 +155,18 @@ class TorchEncoder(Encoder):
         """Stack worker outputs into a device batch; uint8 pixels become normalized floats here."""
         import torch
 
-        stacked = np.stack([it.pixels for it in items])
-        if stacked.dtype == np.uint8 and self.device == "cpu" and stacked.ndim == 4 and stacked.shape[1] == 3:
+        first = items[0].pixels
+        if first.dtype == np.uint8 and self.device == "cpu" and first.ndim == 3 and first.shape[0] == 3:
             # exact: the table holds the pipeline's own float32 result for each (channel, value);
             # numpy's take on uint8 indices is ~3x faster than an int32 gather in torch on the CPU
+            stacked = np.stack([it.pixels for it in items])
             out = np.empty(stacked.shape, dtype=np.float32)
             for c in range(3):
                 np.take(self._table_np[c], stacked[:, c], out=out[:, c], mode="clip")
             pixels = torch.from_numpy(out)
         else:
             # on an accelerator the compact uint8 batch crosses the bus and is normalized there
-            pixels = to_device(torch.from_numpy(stacked), self.device)
+            pixels = stack_to_device([it.pixels for it in items], self.device)
             if pixels.dtype == torch.uint8:
                 pixels = self._table[pixels.int() + self._offsets]
         inputs = {"pixel_values": pixels.to(self.dtype)}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import ImageInput
+from .base import ImageInput, ImagePreprocessor
 from .preprocess import PixelPreprocessor, to_rgb
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,7 +31,7 @@ _RGB_STEPS = ("MaybeConvertMode", "_convert_to_rgb", "convert_to_rgb", "ToRGB")
 
 
 @dataclass(frozen=True)
-class TransformPreprocessor:
+class TransformPreprocessor(ImagePreprocessor):
     """The library's whole transform, run in the worker: float32 CHW model input."""
 
     transform: Any

@@ -32,7 +32,7 @@ from PIL import Image
 
 from ..config import MediaConfig
 from . import http
-from .decode import configure_pillow, decode_image
+from .decode import Draft, configure_pillow, decode_image
 from .stores import read_fsspec
 from .sources import (
     SCHEME,
@@ -46,19 +46,24 @@ from .sources import (
     read_file,
 )
 
-__all__ = ["configure_pillow", "describe_source", "load_image"]
+__all__ = ["configure_pillow", "describe_source", "load_encoded", "load_image"]
 
 
 def load_image(source: Source, base_dir: str, cfg: MediaConfig, *,
-               backoff: float | None = None) -> Image.Image:
+               backoff: float | None = None, draft: Draft | None = None) -> Image.Image:
     """Load, decode and normalise one image to a fully loaded RGB `PIL.Image`.
 
     `base_dir` resolves relative paths (the manifest's folder). `backoff` overrides
     `BACKOFF_BASE_S` (tests use a tiny one). Every failure is an `MMError` (see module docstring).
     """
-    data, content_type = guard("load", load_bytes, source, base_dir, cfg,
-                               http.BACKOFF_BASE_S if backoff is None else backoff)
-    return guard("decode", decode_image, data, cfg, content_type)
+    data, content_type = load_encoded(source, base_dir, cfg, backoff=backoff)
+    return guard("decode", decode_image, data, cfg, content_type, draft)
+
+
+def load_encoded(source: Source, base_dir: str, cfg: MediaConfig, *,
+                 backoff: float | None = None) -> tuple[bytes, str | None]:
+    """The encoded bytes of one image and their declared media type; failures as in `load_image`."""
+    return guard("load", load_bytes, source, base_dir, cfg, http.BACKOFF_BASE_S if backoff is None else backoff)
 
 
 def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,

@@ -1,9 +1,10 @@
-"""Loading and preprocessing images in worker processes, with bounded, ordered prefetch.
+"""Loading and preprocessing images in worker processes, with bounded prefetch in completion order.
 
 Workers never touch torch or the GPU: they turn an image source into an `ImageInput` (compact
 uint8 pixels where the model's processor allows) or an `MMError`, and report seconds spent
 loading, decoding and preprocessing. The parent keeps at most `max_in_flight` items submitted,
-so memory stays bounded however large the manifest is, and reads results in submission order.
+so memory stays bounded however large the manifest is, and takes results as they finish: a
+slow image (a URL at its timeout) never holds the images decoded after it.
 """
 
 from __future__ import annotations
@@ -16,18 +17,21 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
 
 from ..config import MediaConfig
 from ..encoders.base import ImageInput, ImagePreprocessor
 from ..errors import MMError, classify
-from ..media import configure_pillow, load_image
+from ..media import configure_pillow, load_encoded, load_image
+from ..media.decode import decode_image, device_jpeg
+from ..media.sources import guard
+from .shm import Slot, SlotPool, SlotWriter, shm_slots
 
 log = logging.getLogger("mmenc")
 
 _STATE: dict[str, Any] = {}
-#: seconds the oldest chunk is waited for before finished chunks behind it are taken first
-PATIENCE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -37,9 +41,11 @@ class Decoded:
     value: ImageInput | None
     error: MMError | None
     seconds: tuple[float, float]  # load + decode, preprocess
+    slot: Slot | None = None  # where the pixels are, when they came in shared memory
 
 
-def _init_worker(preprocessor: ImagePreprocessor, media: MediaConfig, parent: int) -> None:
+def _init_worker(preprocessor: ImagePreprocessor, media: MediaConfig, parent: int,
+                 slots: tuple[str, int] | None = None) -> None:
     import signal
     import threading
 
@@ -48,6 +54,7 @@ def _init_worker(preprocessor: ImagePreprocessor, media: MediaConfig, parent: in
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     _STATE["pre"] = preprocessor
     _STATE["media"] = media
+    _STATE["slots"] = SlotWriter(*slots) if slots is not None else None
     _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
 
 
@@ -57,27 +64,49 @@ def _watch_parent(pid: int) -> None:
     A killed parent stays a zombie until reaped, so a zombie counts as gone; once the workers
     exit, the forkserver and resource tracker (kept alive by the workers' fds) exit too.
     """
-    import os
-
-    import psutil
-
     while True:
         time.sleep(0.5)
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                os._exit(1)
-        except psutil.NoSuchProcess:
+        if _gone(pid):
             os._exit(1)
-        except psutil.Error:
-            pass
 
 
-def decode_one(source: str | bytes, base_dir: str, preprocessor: ImagePreprocessor, media: MediaConfig) -> Decoded:
-    """Load, decode and preprocess one image; every failure becomes an `MMError`."""
+def _gone(pid: int) -> bool:
+    """True when process `pid` has exited or is a zombie (psutil, else Linux's /proc)."""
+    try:
+        import psutil
+    except ImportError:  # a bare GPU image without it: /proc says the same on Linux
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                return f.read().rpartition(")")[2].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+        except (OSError, IndexError):
+            return False
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def decode_one(source: str | bytes, base_dir: str, preprocessor: ImagePreprocessor, media: MediaConfig,
+               cpu_only: bool = False) -> Decoded:
+    """Load, decode and preprocess one image; every failure becomes an `MMError`. Under
+    `--decode gpu` (unless `cpu_only`) a JPEG the device can decode stays encoded: its bytes go to
+    the encode process as a 1-D uint8 `ImageInput` with `meta["jpeg"]`."""
     t0 = time.perf_counter()
     stage = "load"
     try:
-        image = load_image(source, base_dir, media)  # raises MMError with its own stage
+        draft = preprocessor.draft_size if media.decode in ("fast", "gpu") else None
+        if media.decode == "gpu" and not cpu_only:
+            data, content_type = load_encoded(source, base_dir, media)
+            if guard("decode", device_jpeg, data, media):
+                return Decoded(ImageInput(np.frombuffer(data, dtype=np.uint8), {"jpeg": True}), None,
+                               (time.perf_counter() - t0, 0.0))
+            image = guard("decode", decode_image, data, media, content_type, draft)
+        else:
+            image = load_image(source, base_dir, media, draft=draft)  # raises MMError with its own stage
         t1 = time.perf_counter()
         stage = "preprocess"
         value = preprocessor(image)
@@ -95,20 +124,30 @@ def item_deadline(media: MediaConfig) -> float:
     return media.fetch_timeout * (1 + media.fetch_retries) + waits + media.decode_timeout
 
 
-def _decode_chunk(chunk: Sequence[tuple[str | bytes, str]]) -> list[Decoded]:
-    """In a worker: each item under its deadline. faulthandler's watchdog is a C thread, so it ends
-    the process even when a library call hangs holding the GIL; the pool then isolates the item."""
+def _decode_chunk(chunk: Sequence[tuple[str | bytes, str, int | None, bool]]) -> list[Decoded]:
+    """In a worker: each item under its deadline; its uint8 pixels into its shared-memory slot
+    when it has one. faulthandler's watchdog is a C thread, so it ends the process even when a
+    library call hangs holding the GIL; the pool then isolates the item."""
     import faulthandler
 
-    pre, media = _STATE["pre"], _STATE["media"]
+    pre, media, slots = _STATE["pre"], _STATE["media"], _STATE.get("slots")
     out = []
-    for src, base in chunk:
+    for src, base, slot, cpu_only in chunk:
         faulthandler.dump_traceback_later(item_deadline(media), exit=True, file=_STATE["devnull"])
         try:
-            out.append(decode_one(src, base, pre, media))
+            dec = decode_one(src, base, pre, media, cpu_only)
         finally:
             faulthandler.cancel_dump_traceback_later()
+        if slot is not None and slots is not None and dec.value is not None:
+            dec.slot = slots.write(slot, dec.value.pixels)
+            if dec.slot is not None:
+                dec.value.pixels = _IN_SLOT
+        out.append(dec)
     return out
+
+
+#: what `ImageInput.pixels` holds on its way back when the pixels are in a slot
+_IN_SLOT = np.empty(0, dtype=np.uint8)
 
 
 class _Done:
@@ -123,26 +162,34 @@ class _Done:
 
 class DecodePool:
     """Bounded decoding: `submit(key, chunk)` then iterate `ready()` / `drain()`; results come in
-    submission order unless the oldest chunk stalls (`_next`).
+    completion order (with `workers=0`, in submission order).
 
     `workers=0` decodes in the calling process (for tests and tiny runs).
     """
 
     def __init__(self, preprocessor: ImagePreprocessor, media: MediaConfig, workers: int, max_in_flight: int,
-                 stop: Any = None) -> None:
+                 stop: Any = None, slots: int = 0, idle: Callable[[], None] | None = None) -> None:
         self.stop = stop  # the run's stop Event: a pool broken while stopping drops its chunks (no error rows)
+        self.idle = idle  # called before waiting for a result: the encode loop finishes its own work first
         self.preprocessor = preprocessor
         self.media = media
         self.workers = workers
         self.max_in_flight = max(1, max_in_flight)
         self._pending: collections.deque[tuple[Any, list, Any, Any]] = collections.deque()
+        self._finished: collections.deque[bool] = collections.deque()  # a chunk finished since the last look
         self._in_flight = 0
         self._ex: ProcessPoolExecutor | None = None
+        #: shared-memory slots for `slots` images (in flight and waiting for their batch)
+        self.slots: SlotPool | None = shm_slots(slots, preprocessor.max_pixel_bytes()) if workers > 0 else None
         if workers > 0:
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["mmenc_cli.run.decode_pool", "mmenc_cli.media", "numpy", "PIL.Image"])
-            self._ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                           initargs=(preprocessor, media, os.getpid()))
+            self._ex = self._executor()
+
+    def _executor(self) -> ProcessPoolExecutor:
+        slots = (self.slots.name, self.slots.slot_bytes) if self.slots is not None else None
+        return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"), initializer=_init_worker,
+                                   initargs=(self.preprocessor, self.media, os.getpid(), slots))
 
     @property
     def in_flight(self) -> int:
@@ -153,11 +200,13 @@ class DecodePool:
         """True when no more items should be submitted before collecting results."""
         return self._in_flight >= self.max_in_flight
 
-    def submit(self, key: Any, chunk: Sequence[tuple[str | bytes, str]]) -> None:
-        """Queue a chunk of (source, base_dir); `key` comes back with its results."""
-        chunk = list(chunk)
+    def submit(self, key: Any, sources: Sequence[tuple[str | bytes, str]], cpu_only: bool = False) -> None:
+        """Queue a chunk of (source, base_dir); `key` comes back with its results. `cpu_only`:
+        decoded on the CPU whatever `--decode` says (images the device decoder refused)."""
+        take = self.slots.acquire if self.slots is not None else lambda: None
+        chunk = [(src, base, take(), cpu_only) for src, base in sources]
         if self._ex is None:
-            fut: Any = _Done([decode_one(s, b, self.preprocessor, self.media) for s, b in chunk])
+            fut: Any = _Done([decode_one(s, b, self.preprocessor, self.media, c) for s, b, _, c in chunk])
         else:
             try:
                 fut = self._ex.submit(_decode_chunk, chunk)
@@ -166,6 +215,13 @@ class DecodePool:
                 fut = self._ex.submit(_decode_chunk, chunk)
         self._pending.append((key, chunk, fut, self._ex))
         self._in_flight += len(chunk)
+        if isinstance(fut, Future):
+            fut.add_done_callback(self._on_finished)  # runs on the executor's thread, or here if done
+        else:
+            self._finished.append(True)
+
+    def _on_finished(self, _fut: Any) -> None:
+        self._finished.append(True)  # deque.append: safe from another thread
 
     def _pop(self, index: int = 0) -> tuple[Any, list[Decoded] | None]:
         """The results of the `index`-th pending chunk (waiting for them); None when the run stops
@@ -176,13 +232,30 @@ class DecodePool:
         if not self._wait(fut):
             return key, None
         try:
-            return key, fut.result()
+            return key, self._received(chunk, fut.result())
         except BrokenProcessPool:  # a worker died: every chunk of that pool failed, most of them innocent
             if ex is self._ex:
                 self._restart()
             if self._stopping():  # SIGTERM to the whole group killed workers or the forkserver
                 return key, None
-            return key, self._isolate(chunk)
+            isolated = self._isolate(chunk)
+            return key, None if isolated is None else self._received(chunk, isolated)
+
+    def _received(self, chunk: list[tuple[Any, str, int | None, bool]], results: list[Decoded]) -> list[Decoded]:
+        """Pixels that came in a slot are read there (the slot is freed by `release`, once their
+        batch is copied out); the slots of the other items are freed now."""
+        for (_src, _base, slot, _cpu), dec in zip(chunk, results):
+            if dec.slot is not None and dec.value is not None and self.slots is not None:
+                dec.value.pixels = self.slots.view(dec.slot)
+            elif self.slots is not None:
+                self.slots.release(slot)
+        return results
+
+    def release(self, decoded: Decoded) -> None:
+        """Free the slot of an image whose pixels have been copied out (a no-op without one)."""
+        if decoded.slot is not None and self.slots is not None:
+            self.slots.release(decoded.slot.index)
+            decoded.slot = None
 
     def _wait(self, fut: Any) -> bool:
         """Wait for `fut`, looking at the stop request twice a second; False when it came first."""
@@ -224,22 +297,22 @@ class DecodePool:
                        error=type(exc).__name__)
 
     def ready(self) -> Iterator[tuple[Any, list[Decoded] | None]]:
-        """Results of finished chunks, in submission order, never blocking while the pool has room;
-        when it is full, waits for the oldest chunk (see `_next`)."""
+        """Results of finished chunks in completion order (the oldest first among those done),
+        never blocking while the pool has room; when it is full, waits for whichever finishes
+        first, so one slow fetch never holds the rest of the run."""
         while self._pending:
-            if self._done(0):
-                yield self._pop(0)
-                continue
-            if not self.full():
-                return
-            index = self._next()
+            index = self._first_done()
             if index is None:
-                return
+                if not self.full():
+                    return
+                index = self._next()
+                if index is None:
+                    return
             yield self._pop(index)
 
     def drain(self) -> Iterator[tuple[Any, list[Decoded] | None]]:
-        """All remaining results (blocks); stops early at a stop request, leaving the rest in
-        flight (the run counts it as not attempted)."""
+        """All remaining results, in completion order (blocks); stops early at a stop request,
+        leaving the rest in flight (the run counts it as not attempted)."""
         while self._pending:
             index = self._next()
             if index is None:
@@ -247,22 +320,32 @@ class DecodePool:
             yield self._pop(index)
 
     def _next(self) -> int | None:
-        """The chunk to return next: the oldest one, waited for up to `PATIENCE_S`; after that the
-        oldest finished one behind it (a slow fetch does not hold the rest of the run); None at a
-        stop request."""
-        t0 = time.monotonic()
+        """The first chunk to finish (waiting for it); None at a stop request."""
+        idle = self.idle
         while True:
-            if self._done(0):
-                return 0
-            patient = time.monotonic() - t0 < PATIENCE_S
-            if not patient:
-                later = next((i for i in range(1, len(self._pending)) if self._done(i)), None)
-                if later is not None:
-                    return later
+            index = self._first_done()
+            if index is not None:
+                return index
             if self.stop is not None and self.stop.is_set():
                 return None
-            futures = [self._pending[0][2]] if patient else [p[2] for p in self._pending]
-            wait([f for f in futures if isinstance(f, Future)], timeout=0.25, return_when=FIRST_COMPLETED)
+            if idle is not None:  # once per wait, and look again: it may have taken a while
+                idle()
+                idle = None
+                continue
+            wait([p[2] for p in self._pending if isinstance(p[2], Future)], timeout=0.25,
+                 return_when=FIRST_COMPLETED)
+
+    def _first_done(self) -> int | None:
+        """The oldest finished chunk. Looks only when a chunk has finished since the last look
+        found none (the encode loop asks once per row: scanning every time costs more than
+        handling the row)."""
+        if not self._finished:
+            return None
+        self._finished.clear()  # before the scan: a chunk finishing during it sets it again
+        index = next((i for i in range(len(self._pending)) if self._done(i)), None)
+        if index is not None:
+            self._finished.append(True)  # others may be done too
+        return index
 
     def _done(self, index: int) -> bool:
         fut = self._pending[index][2]
@@ -271,9 +354,7 @@ class DecodePool:
     def _restart(self) -> None:
         if self._ex is not None:
             self._ex.shutdown(wait=False, cancel_futures=True)
-            ctx = mp.get_context("forkserver")
-            self._ex = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
-                                           initargs=(self.preprocessor, self.media, os.getpid()))
+            self._ex = self._executor()
 
     def close(self, kill: bool = False) -> None:
         """Stop the workers; with `kill`, terminate them at once (signals) and drop pending work."""
@@ -290,3 +371,6 @@ class DecodePool:
         self._pending.clear()
         self._in_flight = 0
         self._ex = None
+        if self.slots is not None:
+            self.slots.close()
+            self.slots = None

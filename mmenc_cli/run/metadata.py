@@ -24,7 +24,7 @@ from .counters import Counters, RunResult
 
 #: options that change the vectors or the output's schema: a run must match the output's
 FINGERPRINT_KEYS = ("model", "model_stamp", "revision", "pooling", "dtype", "normalize", "text_prefix",
-                    "max_length", "format", "out_dtype", "keep")
+                    "max_length", "format", "out_dtype", "keep", "decode")
 
 
 def model_stamp(model: str) -> str | None:
@@ -42,9 +42,23 @@ def model_stamp(model: str) -> str | None:
     return h.hexdigest()[:16]
 
 
+#: what a fingerprint written before a key existed means by its absence
+LEGACY_FINGERPRINT = {"decode": "exact"}
+
+
+def decode_mode(cfg: RunConfig, recorded: dict[str, Any] | None) -> str:
+    """`--decode` as given; else the mode the output was written with (an output from before the
+    option existed decoded exactly); else "fast"."""
+    if cfg.media.decode is not None:
+        return cfg.media.decode
+    if isinstance(recorded, dict) and isinstance(recorded.get("fingerprint"), dict):
+        return str(recorded["fingerprint"].get("decode", "exact"))
+    return "fast"
+
+
 def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
-    """The options that change the vectors or schema, with the dtype already resolved.
-    ConfigError for `--revision` with a local folder, which has no revisions to pick from."""
+    """The options that change the vectors or schema, with the dtype and the decode mode already
+    resolved. ConfigError for `--revision` with a local folder, which has no revisions to pick from."""
     m = cfg.model
     path = model_path(m.model)
     if m.revision is not None and path is not None:
@@ -62,11 +76,13 @@ def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
         "format": cfg.writer.format,
         "out_dtype": cfg.writer.out_dtype,
         "keep": list(cfg.manifest.keep),
+        "decode": cfg.media.decode,
     }
 
 
 def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Human-readable differences between two fingerprints."""
+    old = {**LEGACY_FINGERPRINT, **old}
     return [f"{k}: output has {old.get(k)!r}, this run {new.get(k)!r}" for k in FINGERPRINT_KEYS if old.get(k) != new.get(k)]
 
 

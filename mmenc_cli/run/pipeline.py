@@ -4,7 +4,7 @@
 are given, `devices.py`). It never raises for a bad item: every requested item ends as an
 embedding in a committed shard or as one row in the error report (`failures.py`), or, when the
 run stops as a whole, as "not attempted" for a re-run to finish. It raises only `RunError`s
-(`OutputError`, `LockBusy`, `ModelLoadError`, `ConfigError`, `ManifestError`).
+(`OutputError`, `DeviceError`, `LockBusy`, `ModelLoadError`, `ConfigError`, `ManifestError`).
 
 One run, in order: take the task's lock (`locks.py`); check the options against the output's
 fingerprint or record them (`metadata.py`, `resume.py`); read what earlier runs settled; then
@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from ..config import RunConfig
 from ..encoders.base import Encoder
-from ..errors import LockWaitInterrupted, MMError, OutputError
+from ..encoders.device_decode import jpeg_decoder
+from ..errors import DeviceError, LockWaitInterrupted, MMError, OutputError
 from ..idset import HashSet64, id_hash
 from ..outdir import OutDir
 from ..readers import iter_rows
@@ -35,8 +37,8 @@ from .counters import Counters, RunResult, threshold_exceeded
 from .decode_pool import DecodePool
 from .devices import run_devices
 from .failures import FailureSink
-from .images import ImageFeed
-from .metadata import fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
+from .images import CHUNK, ImageFeed, device_decoder
+from .metadata import decode_mode, fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
 from .resume import History, check_commit, check_output, load_history, open_output
 from .stage import EncodeStage
 from .stopping import Interrupted, interruptible
@@ -113,6 +115,11 @@ class EncodeRun:
     def _init_facts(self) -> dict[str, Any]:
         """The output's facts: from its metadata when the options match, else from the loaded model."""
         dtype = resolved_dtype(self.cfg, self.device)
+        if self.cfg.media.decode == "gpu":
+            jpeg_decoder()  # the extra is installed, or a clear error before anything else
+        if self.cfg.media.decode is None:  # settled once: what the output was written with, or fast
+            media = replace(self.cfg.media, decode=decode_mode(self.cfg, self.out.read_run_meta()))
+            self.cfg = replace(self.cfg, media=media)
         fp = fingerprint(self.cfg, dtype)
         facts = check_output(self.out, fp)
         if facts is None:
@@ -141,7 +148,7 @@ class EncodeRun:
             with ErrorReportWriter(self.out.error_report_path(self.task, self.worker)) as report:
                 self.failures = FailureSink(report, self.counters, history.attempts, self.task, self._failed)
                 self._loop(modalities, history)
-        except OutputError as exc:  # a fault of the output ends the run as a whole (exit 3)
+        except (OutputError, DeviceError) as exc:  # a fault of the output (exit 3) or device (1) ends the run
             self._finish("failed", t_start, error=str(exc))
             raise
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, and still say so
@@ -229,7 +236,7 @@ class EncodeRun:
             stages.finish(interrupted=self.stop.is_set())
         except Interrupted:  # a stop request while the model loaded or a window was tokenized
             stages.finish(interrupted=True)
-        except OutputError:  # a fault of the output: what is not committed is left for a re-run
+        except (OutputError, DeviceError):  # a fault of the output or device: the rest is left for a re-run
             self.stop.set()
             stages.abandon()
             raise
@@ -297,12 +304,15 @@ class Stages:
         if self.images is None:
             stage = self._ready()
             batch = self.cfg.batch
+            workers = batch.workers_per_device(len(self.cfg.model.devices))
+            in_flight = max(batch.batch_size * batch.prefetch_batches, 4 * CHUNK * workers)  # every worker busy
             make_pool = lambda: DecodePool(stage.encoder.image_preprocessor(), self.cfg.media,  # noqa: E731
-                                           batch.resolved_workers, max_in_flight=batch.batch_size * batch.prefetch_batches,
-                                           stop=self.run.stop)
+                                           workers, max_in_flight=in_flight, stop=self.run.stop,
+                                           slots=in_flight + CHUNK + batch.batch_size, idle=stage.flush)
             assert self.run.failures is not None
             self.images = ImageFeed(make_pool, batch.batch_size, batch.max_batch_tokens, self.run.counters,
-                                    self.run.failures, lambda items, payloads: stage("image", items, payloads))
+                                    self.run.failures, lambda items, payloads: stage("image", items, payloads),
+                                    device_decode=device_decoder(self.cfg, stage.encoder))
         return self.images
 
     def add(self, item: Item) -> None:

@@ -3,8 +3,10 @@
 `BatchRunner` (`batching.py`) runs a modality's payloads in micro-batches, bisecting failed
 batches and backing off on out-of-memory; this stage normalizes pooled vectors where the output
 asks for it, hands every vector to the shard committer and every failure to the failure sink, and
-counts both. It also collects the committer's shard outcomes: a shard that could not be written
-turns its items from encoded into `write.failed` error rows.
+counts both. It runs one group behind: a group's forwards are launched, then the group before it
+is accounted for while the device works (on CUDA nothing waits for the device until then). It
+also collects the committer's shard outcomes: a shard that could not be written turns its items
+from encoded into `write.failed` error rows.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import errno
 import time
 from typing import Any, Callable
 
-from ..batching import BatchRunner
+from ..batching import BatchRunner, Launched
 from ..encoders.base import EncodeOutput, Encoder
-from ..errors import MMError, OutputError
+from ..errors import DeviceError, MMError, OutputError
 from ..records import Item
 from .commit import ShardCommitter, ShardOutcome
 from .counters import Counters
@@ -47,6 +49,8 @@ class EncodeStage:
         self.events, self.progress = events, progress
         self.runner = BatchRunner(self._encode_fn, batch_size, grow_after=grow_after,
                                   free_memory=free_device_memory, check=encoder.check_outputs)
+        #: the group launched last, accounted for when the next one is launched (or at `finish`)
+        self.pending: tuple[Launched, list[Item], list[Any]] | None = None
 
     def _encode_fn(self, modality: str, payloads: Any) -> EncodeOutput:
         out = self.encoder.encode(modality, payloads)
@@ -57,10 +61,38 @@ class EncodeStage:
         return out
 
     def __call__(self, modality: str, items: list[Item], payloads: list[Any]) -> None:
+        """Launch this group's forwards, then account for the previous group while they run: the
+        device is never idle waiting for the host's bookkeeping, and the host never waits for a
+        copy it could do later."""
         t0 = time.perf_counter()
-        outcomes = self.runner.run(modality, payloads)
+        try:
+            launched = self.runner.launch(modality, payloads)
+        except DeviceError:  # the run ends: this group and the one before are left for a re-run
+            self.counters.add(modality, "not_attempted", len(items))
+            self._drop_pending()
+            raise
+        metas = [payload.meta if modality == "image" else None for payload in payloads]
         self.counters.add_seconds("encode", time.perf_counter() - t0)
-        for i, (item, payload, oc) in enumerate(zip(items, payloads, outcomes)):
+        previous, self.pending = self.pending, (launched, items, metas)
+        if previous is not None:
+            try:
+                self._account(*previous)
+            except DeviceError:
+                self._drop_pending()
+                raise
+
+    def _account(self, launched: Launched, items: list[Item], metas: list[Any]) -> None:
+        """Wait for a launched group's vectors; commit them, record its failures, count both."""
+        modality = launched.modality
+        t0 = time.perf_counter()
+        try:
+            outcomes = launched.outcomes()
+        except DeviceError:
+            self.counters.add(modality, "not_attempted", len(items))
+            raise
+        finally:
+            self.counters.add_seconds("encode", time.perf_counter() - t0)
+        for i, (item, meta, oc) in enumerate(zip(items, metas, outcomes)):
             if oc.error is not None:
                 try:
                     self.failures.record(oc.error, item.row, modality)
@@ -70,11 +102,23 @@ class EncodeStage:
                 continue
             self.counters.add(modality, "encoded")
             self.counters.add(modality, "truncated", int(oc.truncated or item.cut))
-            self.committer.add(item.row, modality, oc.value, payload.meta if modality == "image" else None)
+            self.committer.add(item.row, modality, oc.value, meta)
         self.events += self.runner.stats.events
         self.runner.stats.events.clear()
         self.settle(self.committer.outcomes())
         self.progress(self.counters)
+
+    def flush(self) -> None:
+        """Account for the group still in flight."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self._account(*pending)
+
+    def _drop_pending(self) -> None:
+        """The group in flight is left for a re-run (the run stops as a whole)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self.counters.add(pending[0].modality, "not_attempted", len(pending[1]))
 
     def settle(self, outcomes: list[ShardOutcome], raise_fault: bool = True) -> None:
         """Count the written shards; a shard that failed turns its items into error rows; a fault
@@ -102,7 +146,9 @@ class EncodeStage:
             self.counters.add(modality, "not_attempted")
 
     def finish(self) -> None:
-        """Commit the shard being filled and wait for every write; record the forward's GPU time."""
+        """Account for the group in flight, commit the shard being filled and wait for every
+        write; record the forward's GPU time."""
+        self.flush()
         self.committer.flush()
         self.settle(self.committer.close())
         if (busy := self.encoder.device_seconds()) is not None:
@@ -111,6 +157,7 @@ class EncodeStage:
     def abandon(self) -> None:
         """After a fault of the output: the shard being filled and every shard not written are
         left for a re-run (not attempted); the writer thread stops."""
+        self._drop_pending()
         self._not_attempted(self.committer.shard.modalities)
         self.committer.shard = self.committer.new_shard()
         self.settle(self.committer.close(check=False), raise_fault=False)

@@ -279,6 +279,45 @@ def check(t: Timed, what: str) -> None:
         raise SystemExit(f"{what} failed with exit code {t.rc}:\n{tail}")
 
 
+def run_logged(cmd: Sequence[str], out: Path, log: Path, *, env: dict[str, str] | None = None,
+               timeout: float | None = None) -> str:
+    """Run `cmd` in a process group of its own, stdout to `out` and stderr to `log` (files, so a
+    stray grandchild holding a pipe cannot hang the caller), from the repository root. At
+    `timeout` s the whole group is killed (TimeoutError); after the command ends, whatever it left
+    running is killed too (noted in the log). Returns stdout; raises with the log's tail on failure."""
+    import signal
+
+    with open(log, "w", encoding="utf-8") as err, open(out, "w", encoding="utf-8") as std:
+        err.write("$ " + " ".join(cmd) + "\n")
+        err.flush()
+        p = subprocess.Popen(list(cmd), stdout=std, stderr=err, env=env, cwd=str(REPO), start_new_session=True)
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"killed after {timeout:.0f} s (time limit); log: {log}") from None
+        finally:
+            ended = p.poll() is not None
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+                if ended:
+                    err.write("run_logged: killed processes the command left running\n")
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+    if p.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise RuntimeError(f"exit code {p.returncode}; {log}:\n{tail}")
+    return out.read_text(encoding="utf-8", errors="replace")
+
+
+def last_json(stdout: str, tag: str = "") -> dict[str, Any]:
+    """The JSON object on the last line of `stdout` that starts with `tag` + "{"."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(tag + "{"):
+            return json.loads(line[len(tag):])
+    raise RuntimeError(f"no JSON result on stdout (last lines: {stdout.splitlines()[-5:]})")
+
+
 # --------------------------------------------------------------------- reading an mmenc run
 
 _PROGRESS = re.compile(r"progress: rows (\d+), encoded (\d+)")
@@ -405,6 +444,30 @@ def make_jpegs(folder: Path, n: int, size: tuple[int, int] = (640, 480), quality
     return paths
 
 
+def make_jpegs_parallel(folder: Path, n: int, size: tuple[int, int] = (640, 480), quality: int = 90,
+                        processes: int | None = None, per_slice: int = 250) -> list[Path]:
+    """`n` JPEGs drawn as `make_jpegs` draws them, by a pool of `processes` (default: the usable
+    CPUs) over slices of `per_slice` images: slice k is `make_jpegs(folder / "sKKKK", ..., seed=k)`,
+    so a slice's images depend only on k and the run is cached by name as `make_jpegs` is.
+    The pool is spawned, not forked: the caller may already hold CUDA or thread pools."""
+    import multiprocessing
+
+    jobs = [(str(folder / f"s{k:04d}"), min(per_slice, n - start), size, quality, k)
+            for k, start in enumerate(range(0, n, per_slice))]
+    if processes is None:
+        processes = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    processes = max(1, min(processes, len(jobs)))
+    if processes == 1:
+        return [p for job in jobs for p in _jpeg_slice(job)]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return [p for part in pool.map(_jpeg_slice, jobs, chunksize=1) for p in part]
+
+
+def _jpeg_slice(job: tuple[str, int, tuple[int, int], int, int]) -> list[Path]:
+    folder, count, size, quality, seed = job
+    return make_jpegs(Path(folder), count, size, quality, seed=seed)
+
+
 def write_manifest(path: Path, rows: Sequence[dict[str, Any]] | Any) -> Path:
     """A JSONL manifest (rows may be any iterable of dicts)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -418,23 +481,31 @@ def write_manifest(path: Path, rows: Sequence[dict[str, Any]] | Any) -> Path:
 CLIP_SHAPES: dict[str, dict[str, Any]] = {
     "b32": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                 patch_size=32, image_size=224, projection_dim=512),
+    "b16": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                patch_size=16, image_size=224, projection_dim=512),
     "l14": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                 patch_size=14, image_size=224, projection_dim=768),
+    # a stand-in for smoke runs: a negligible forward, but the real 224x224 input, so
+    # preprocessing costs what it costs for the real models
+    "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 patch_size=16, image_size=224, projection_dim=32),
 }
 
 
-def make_clip(size: str) -> Path:
-    """A random-weight CLIP with a ViT-B/32- or ViT-L/14-shaped image tower, saved once.
+def make_clip(size: str, *, root: Path | None = None, dtype: str | None = None) -> Path:
+    """A random-weight CLIP whose image tower is shaped as `CLIP_SHAPES[size]` (ViT-B/32, B/16,
+    L/14), saved once under `root` (default: the cache).
 
     The image processor is CLIP's own (shortest edge 224, center crop 224, bicubic, CLIP
     mean/std), so preprocessing costs what it costs for the real model. No tokenizer is saved:
-    the model is image-only to mmenc, which is all the image benchmark needs.
+    the model is image-only to mmenc, which is all the image benchmark needs. `dtype` (e.g.
+    "bfloat16") saves the weights in that type: half the bytes to write and to load.
     """
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
     shape = dict(CLIP_SHAPES[size])
-    path = CACHE / "models" / f"clip-{size}"
+    path = (root or CACHE / "models") / (f"clip-{size}" + (f"-{dtype}" if dtype else ""))
     if (path / "model.safetensors").is_file():
         return path
     projection = shape.pop("projection_dim")
@@ -443,6 +514,8 @@ def make_clip(size: str) -> Path:
     config = CLIPConfig(text_config=text, vision_config=shape, projection_dim=projection)
     torch.manual_seed(0)
     model = CLIPModel(config).eval()
+    if dtype:
+        model = model.to(getattr(torch, dtype))
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp)
     CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}).save_pretrained(tmp)
@@ -458,6 +531,81 @@ def make_tiny_st() -> Path:
     path = CACHE / "models" / "tiny-st"
     if not (path / "modules.json").is_file():
         build(path)
+    return path
+
+
+#: all-MiniLM-L6-v2's shape (BERT); its real weights and vocabulary are not needed to time it
+MINILM_SHAPE: dict[str, Any] = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                    intermediate_size=1536, vocab_size=30522, max_position_embeddings=512)
+_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def synthetic_vocab(size: int = 30522, seed: int = 0) -> list[str]:
+    """A BERT WordPiece vocabulary of exactly `size` entries made offline: the specials, single
+    characters, `##` pieces (characters and syllables), then pronounceable lower-case words of
+    1-4 syllables (about as long as English words). Deterministic."""
+    import string
+
+    import numpy as np
+
+    consonants, vowels = "bcdfghjklmnprstvwz", "aeiou"
+    syllables = [c + v for c in consonants for v in vowels]
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    vocab = _SPECIALS + chars + ["##" + c for c in string.ascii_lowercase + string.digits]
+    vocab += ["##" + s for s in syllables]
+    seen = set(vocab)
+    rng = np.random.default_rng(seed)
+    while len(vocab) < size:
+        k = int(rng.integers(1, 5))
+        word = "".join(syllables[j] for j in rng.integers(0, len(syllables), k))
+        if rng.random() < 0.4:
+            word += consonants[int(rng.integers(0, len(consonants)))]
+        if len(word) > 2 and word not in seen:
+            seen.add(word)
+            vocab.append(word)
+    return vocab[:size]
+
+
+def make_minilm(root: Path, shape: dict[str, Any] | None = None, max_seq_length: int = 256) -> Path:
+    """A sentence-transformers folder shaped as all-MiniLM-L6-v2 (BERT + mean Pooling +
+    Normalize) with random weights and a WordPiece tokenizer over `synthetic_vocab()` (its
+    `vocab.txt` is in the folder, for `text_corpus(vocab_file=...)`), saved once. No hub."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    shape = dict(shape or MINILM_SHAPE)
+    name = "minilm-" + "-".join(str(shape[k]) for k in ("hidden_size", "num_hidden_layers", "vocab_size"))
+    path = root / name
+    if (path / "modules.json").is_file():
+        return path
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    vocab = synthetic_vocab(shape["vocab_size"])
+    (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    try:
+        tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}, model_max_length=512)
+    except TypeError:  # a transformers whose BertTokenizer takes only a vocabulary file
+        tokenizer = BertTokenizer(vocab_file=str(tmp / "vocab.txt"), model_max_length=512)
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**shape, pad_token_id=0)).eval()
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length,
+                                                              "do_lower_case": False}))
+    (tmp / "1_Pooling").mkdir(exist_ok=True)
+    (tmp / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": shape["hidden_size"], "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False}))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (tmp / "modules.json").write_text(json.dumps(modules, indent=1))
+    if path.exists():  # an incomplete earlier build
+        import shutil
+
+        shutil.rmtree(path)
+    tmp.rename(path)
     return path
 
 

@@ -19,8 +19,9 @@ from .counters import Counters
 from .decode_pool import Decoded, DecodePool
 from .failures import FailureSink
 
-#: images per chunk handed to a worker at once (at most the batch size)
-CHUNK = 8
+#: images per chunk handed to a worker at once (at most the batch size): fewer, larger hand-offs
+#: keep the encode process's cost per image low (bench_feed: 0.06-0.07 ms at 32, 0.10-0.15 at 8)
+CHUNK = 32
 
 #: `Encoder.image_device_decoder()`: payloads -> each decoded on the device, or None where refused
 DeviceDecode = Callable[[list[ImageInput]], "list[ImageInput | None]"]

@@ -305,7 +305,7 @@ class Stages:
             stage = self._ready()
             batch = self.cfg.batch
             workers = batch.workers_per_device(len(self.cfg.model.devices))
-            in_flight = max(batch.batch_size * batch.prefetch_batches, 4 * CHUNK * workers)  # every worker busy
+            in_flight = max(batch.batch_size * batch.prefetch_batches, 2 * CHUNK * workers)  # every worker busy
             make_pool = lambda: DecodePool(stage.encoder.image_preprocessor(), self.cfg.media,  # noqa: E731
                                            workers, max_in_flight=in_flight, stop=self.run.stop,
                                            slots=in_flight + CHUNK + batch.batch_size, idle=stage.flush)

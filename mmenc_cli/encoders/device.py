@@ -47,7 +47,10 @@ def resolve_dtype(dtype: str, device: str) -> "torch.dtype":
     if dtype == "auto":
         if not device.startswith("cuda"):
             return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # this device's capability (Ampere and later have bf16), asked without creating a tensor:
+        # a device process for cuda:1 must not open a CUDA context on the current device, GPU 0
+        major = torch.cuda.get_device_properties(torch.device(device)).major
+        return torch.bfloat16 if major >= 8 or torch.version.hip else torch.float16
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 

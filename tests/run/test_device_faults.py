@@ -323,3 +323,17 @@ def test_a_group_is_accounted_while_the_next_one_runs(tmp_path: Path) -> None:
     assert [e for e in events if e.startswith("launch")] == ["launch 1", "launch 2", "launch 3"]
     assert events.index("launch 2") < events.index("accounted 4") < events.index("launch 3")
     assert events.index("launch 3") < events.index("accounted 8")
+
+
+@pytest.mark.parametrize("major, dtype", [(9, torch.bfloat16), (7, torch.float16)])
+def test_auto_dtype_asks_the_device_itself(monkeypatch: pytest.MonkeyPatch, major: int, dtype: torch.dtype) -> None:
+    """`--dtype auto` on cuda:1 reads cuda:1's capability, and creates nothing on the current device."""
+    from types import SimpleNamespace
+
+    from mmenc_cli.encoders.device import resolve_dtype
+
+    asked: list[Any] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d=None: asked.append(torch.device(d).index) or SimpleNamespace(major=major))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: pytest.fail("creates a tensor on GPU 0"))
+    assert resolve_dtype("auto", "cuda:1") == dtype and asked == [1]

@@ -18,7 +18,7 @@ time guard skips the stages left once the run is past GUARD_S:
                 encoded / (elapsed - model load) from its --json result; model busy = its CUDA-event
                 forward seconds / the same loop seconds; peak GPU memory as it reports it.
                 B/16 with --decode fast, gpu (on the smoke's CPU: torchvision's CPU decoder) and
-                exact; L/14 fast.
+                exact; L/14 fast; last, B/16 fast at mmenc's default batch size (is it enough?).
   baseline_b16  the usual practice: a DataLoader (CPUs - 1 workers, PIL + the model's
                 CLIPImageProcessor per file, pin_memory on CUDA), vectors copied to the CPU per
                 batch; images/s from the end of the first batch to the end of the loop (and, as
@@ -138,12 +138,13 @@ class Bench:
                "--seconds", str(self.s.limit_seconds), "--warmup", str(self.s.warmup)]
         return common.last_json(self.proc(name, cmd), "BENCH-RESULT ")
 
-    def mmenc(self, name: str, manifest: Path, model: Path, batch: int, extra: list[str], expected: int,
+    def mmenc(self, name: str, manifest: Path, model: Path, batch: int | None, extra: list[str], expected: int,
               unit: str) -> dict[str, Any]:
         out = self.out / "runs" / name
         shutil.rmtree(out, ignore_errors=True)
         args = [str(manifest), "--model", str(model), "--out", str(out), "--json", "--progress", "none",
-                "--device", self.s.device, "--dtype", self.s.dtype, "--batch-size", str(batch), *extra]
+                "--device", self.s.device, "--dtype", self.s.dtype,
+                *(["--batch-size", str(batch)] if batch else []), *extra]
         wall = time.perf_counter()
         result = common.last_json(self.proc(name, [sys.executable, "-m", "mmenc_cli", "encode", *args]), "")
         wall = time.perf_counter() - wall
@@ -242,9 +243,10 @@ def baseline(b: Bench) -> dict[str, Any]:
     return r
 
 
-def mmenc_images(b: Bench, role: str, decode: str) -> dict[str, Any]:
-    return b.mmenc(f"mmenc_{role}_{decode}", b.paths["images"], b.paths[role], b.s.batch,
-                   ["--decode", decode], b.s.images, "images")
+def mmenc_images(b: Bench, role: str, decode: str, batch: int | None = -1, name: str = "") -> dict[str, Any]:
+    """mmenc on the JPEGs; `batch` None: mmenc's default batch size (-1: the benchmark's)."""
+    return b.mmenc(name or f"mmenc_{role}_{decode}", b.paths["images"], b.paths[role],
+                   b.s.batch if batch == -1 else batch, ["--decode", decode], b.s.images, "images")
 
 
 def texts_st(b: Bench) -> dict[str, Any]:
@@ -274,6 +276,8 @@ def run_all(b: Bench) -> None:
     b.stage("texts_st", lambda: texts_st(b), ("text_model",))
     b.stage("texts_mmenc", lambda: texts_mmenc(b), ("text_model",))
     b.stage("mmenc_b16_exact", lambda: mmenc_images(b, "b16", "exact"), img)
+    # mmenc's default batch size against the benchmark's: the evidence for a CUDA default
+    b.stage("mmenc_b16_default_batch", lambda: mmenc_images(b, "b16", "fast", None, "mmenc_b16_default_batch"), img)
 
 
 # ----------------------------------------------------------------------------------- report
@@ -294,7 +298,8 @@ def summary(st: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "b16_vs_baseline_whole_loop": div(b16["fast"], val("baseline_b16", "images_per_s_whole_loop")),
             "b16_share": div(b16["fast"], val("limit_b16", "images_per_s")),
             "l14_share": div(val("mmenc_l14_fast", "images_per_s"), val("limit_l14", "images_per_s")),
-            "texts_ratio": div(val("texts_mmenc", "texts_per_s"), val("texts_st", "texts_per_s"))}
+            "texts_ratio": div(val("texts_mmenc", "texts_per_s"), val("texts_st", "texts_per_s")),
+            "b16_default_batch_share": div(val("mmenc_b16_default_batch", "images_per_s"), b16["fast"])}
     goals = [{"goal": text, "value": nums[key], "target": target,
               "met": None if nums[key] is None else nums[key] >= target} for text, key, target in GOALS]
     return {"numbers": nums, "goals": goals, "failed": [k for k, v in st.items() if v["status"] == "failed"],
@@ -333,7 +338,8 @@ def report(b: Bench) -> int:
     print(f"  mmenc B/16 fast / DataLoader baseline: {x(n['b16_vs_baseline'])} (baseline timed after its first "
           f"batch; {x(n['b16_vs_baseline_whole_loop'])} against its whole loop); of its forward-only limit: B/16 fast "
           f"{pct(n['b16_share'])}, L/14 fast {pct(n['l14_share'])}; texts mmenc / sentence-transformers: "
-          f"{x(n['texts_ratio'])}")
+          f"{x(n['texts_ratio'])}; mmenc's default batch size / batch {b.s.batch}: "
+          f"{pct(n['b16_default_batch_share'])}")
     print("goals, informational" + (" (smoke sizes: not meaningful):" if b.s.mode == "smoke" else ":"))
     for g in s["goals"]:
         value = "n/a" if g["value"] is None else f"{g['value']:,.2f}"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-IMAGE_STAGES = ["mmenc_b16_fast", "mmenc_b16_gpu", "baseline_b16", "mmenc_l14_fast", "mmenc_b16_exact"]
+IMAGE_STAGES = ["mmenc_b16_fast", "mmenc_b16_gpu", "baseline_b16", "mmenc_l14_fast", "mmenc_b16_exact",
+                "mmenc_b16_default_batch"]
 RATE_STAGES = {"limit_b16": "images_per_s", "limit_l14": "images_per_s", "texts_st": "texts_per_s",
                "texts_mmenc": "texts_per_s", **{s: "images_per_s" for s in IMAGE_STAGES}}
 
@@ -30,7 +31,8 @@ def test_gpu_bench_smoke(tmp_path: Path) -> None:
     stages = doc["stages"]
     assert doc["mode"] == "smoke" and doc["summary"]["failed"] == [] and doc["summary"]["skipped"] == []
     expected = ["facts", "jpegs", "models", "limit_b16", "limit_l14", "mmenc_b16_fast", "mmenc_b16_gpu",
-                "baseline_b16", "mmenc_l14_fast", "text_model", "texts_st", "texts_mmenc", "mmenc_b16_exact"]
+                "baseline_b16", "mmenc_l14_fast", "text_model", "texts_st", "texts_mmenc", "mmenc_b16_exact",
+                "mmenc_b16_default_batch"]
     assert list(stages) == expected
     for name in expected:
         assert stages[name]["status"] == "ok", (name, stages[name])

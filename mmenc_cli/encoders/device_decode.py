@@ -7,7 +7,8 @@ not use yet: only `jpeg_decoder` would change. On a CPU device the same code run
 torchvision's CPU decoder, which is how the tests prove the path without a GPU.
 A batch's JPEGs are decoded in one call; when that call fails, each is decoded alone and the ones
 the decoder refuses come back as None, for the CPU workers to decode (a corrupt JPEG then becomes
-its one error row there). A sticky device error is raised: it is the device's, no image's.
+its one error row there); so does an image whose resize fails (out of memory on a huge one). A
+sticky device error raises `DeviceError`: it is the device's, no image's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..errors import ModelLoadError, is_device_fault
+from ..errors import DeviceError, ModelLoadError, first_line, is_device_fault
 from .base import ImageInput
 from .preprocess import PixelPreprocessor, center_crop, center_crop_rounded, shortest_edge_size
 
@@ -55,6 +56,7 @@ class DeviceJpegDecoder:
     def __init__(self, prep: PixelPreprocessor, device: str) -> None:
         self.prep, self.device = prep, device
         self.decode = jpeg_decoder()
+        self._side: Any = None  # the CUDA stream the decoder runs on (see `_on_side_stream`)
 
     def __call__(self, payloads: list[ImageInput]) -> list[ImageInput | None]:
         import torch
@@ -64,8 +66,8 @@ class DeviceJpegDecoder:
         if not jpegs:
             return out
         data = [torch.from_numpy(_writable(payloads[i].pixels)) for i in jpegs]
-        for i, image in zip(jpegs, self._decode_all(data)):
-            out[i] = None if image is None else ImageInput(self.preprocess(image))
+        for i, image in zip(jpegs, self._on_side_stream(lambda: self._decode_all(data))):
+            out[i] = None if image is None else self._preprocessed(image)
         return out
 
     def _decode_all(self, data: list["torch.Tensor"]) -> list["torch.Tensor | None"]:
@@ -73,17 +75,45 @@ class DeviceJpegDecoder:
         try:
             return self.decode(data, self.device)
         except Exception as exc:
-            if is_device_fault(exc):
-                raise
+            _raise_device_fault(exc)
         images: list[torch.Tensor | None] = []
         for one in data:
             try:
                 images.append(self.decode([one], self.device)[0])
             except Exception as exc:
-                if is_device_fault(exc):
-                    raise
+                _raise_device_fault(exc)
                 images.append(None)
         return images
+
+    def _on_side_stream(self, decode: Callable[[], list[Any]]) -> list[Any]:
+        """Run `decode` on a stream of its own. nvJPEG writes its outputs from torchvision's own
+        streams without waiting for the current one, whose queued kernels (the previous batch's
+        forward, still running) may use memory the allocator already handed to those outputs; on a
+        separate stream the outputs get only memory that stream is done with. The current stream
+        then waits for the decode, and the outputs are marked as used there."""
+        if not self.device.startswith("cuda"):
+            return decode()
+        import torch
+
+        current = torch.cuda.current_stream(self.device)
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=self.device)
+        with torch.cuda.stream(self._side):
+            images = decode()
+        current.wait_stream(self._side)
+        for image in images:
+            if image is not None:
+                image.record_stream(current)
+        return images
+
+    def _preprocessed(self, image: "torch.Tensor") -> ImageInput | None:
+        """The image resized and cropped; None (decoded on the CPU instead) when that fails, e.g.
+        out of memory on a huge one; a sticky device error raises `DeviceError`."""
+        try:
+            return ImageInput(self.preprocess(image))
+        except Exception as exc:
+            _raise_device_fault(exc)
+            return None
 
     def preprocess(self, image: "torch.Tensor") -> "torch.Tensor":
         """Resize (antialiased) and center-crop a CHW uint8 image as `prep` does on the CPU."""
@@ -98,6 +128,13 @@ class DeviceJpegDecoder:
         if prep.crop is not None:
             image = (center_crop_rounded if prep.rounded_crop else center_crop)(image, *prep.crop)
         return image.contiguous()
+
+
+def _raise_device_fault(exc: BaseException) -> None:
+    """A sticky CUDA error is the device's, no image's: the run ends (`DeviceError`, exit 1)."""
+    if is_device_fault(exc):
+        raise DeviceError(f"the device failed while decoding JPEGs ({type(exc).__name__}: {first_line(exc)}); "
+                          "the run stops: what is committed stays and a re-run goes on") from None
 
 
 def _writable(data: np.ndarray) -> np.ndarray:

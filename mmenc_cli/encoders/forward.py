@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import first_line
+from ..errors import first_line, is_out_of_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -86,6 +86,7 @@ class ForwardTimer:
         if self.cuda:
             import torch
 
+            self._collect(wait=False)  # the passes before this one (the last may still be discarded)
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
             self._pending.append((begin, end))
@@ -93,7 +94,6 @@ class ForwardTimer:
     def __exit__(self, *exc: Any) -> None:
         if self.cuda and self._pending:
             self._pending[-1][1].record()
-            self._collect(wait=False)
 
     def discard_last(self) -> None:
         """Leave the last pass out of the device time (it compiled: not the model's work)."""
@@ -139,14 +139,17 @@ class CompiledOrEager:
             return self.fn(inputs)
         _mark_dynamic(inputs)
         graphs = _compiled_graphs()
+        failure = None
         try:
             out = self.compiled(inputs)
         except Exception as exc:
-            if self.proven and not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
-                raise
+            compiler = type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
+            if is_out_of_memory(exc) or (self.proven and not compiler):
+                raise  # the batch's (the runner halves it or bisects), not the compiler's
+            failure = f"{type(exc).__name__}: {first_line(exc)}"
+        if failure is not None:  # outside the `except`: the failed attempt's tensors are freed first
             out = self.fn(inputs)  # raises if the input itself is at fault
-            log.warning("torch.compile failed for %s (%s: %s); running eager", self.name,
-                        type(exc).__name__, first_line(exc))
+            log.warning("torch.compile failed for %s (%s); running eager", self.name, failure)
             self.compiled = None
             return out
         self.compiled_now = not self.proven or (graphs is not None and _compiled_graphs() != graphs)

@@ -273,18 +273,34 @@ class DecodePool:
         """Decode each item of a chunk alone in a fresh pool: only an item that kills a worker by itself fails."""
         out = []
         for item in chunk:
+            dec = self._alone(item)
+            if dec is None:
+                return None
+            out.append(dec)
+        return out
+
+    def _alone(self, item: Any) -> Decoded | None:
+        """One item by itself. The pool can also break under it because another chunk's worker died:
+        an item is blamed only when it breaks the pool twice (or runs past its deadline once)."""
+        for attempt in (1, 2):
             t0 = time.monotonic()
-            fut = self._ex.submit(_decode_chunk, [item])
+            try:
+                fut = self._ex.submit(_decode_chunk, [item])
+            except BrokenProcessPool:  # broken by another chunk since: a fresh pool
+                self._restart()
+                fut = self._ex.submit(_decode_chunk, [item])
             if not self._wait(fut):
                 return None
             try:
-                out.append(fut.result()[0])
+                return fut.result()[0]
             except BrokenProcessPool as exc:
                 self._restart()
                 if self._stopping():
                     return None
-                out.append(Decoded(None, self._death(time.monotonic() - t0, exc), (0.0, 0.0)))
-        return out
+                seconds = time.monotonic() - t0
+                if attempt == 2 or seconds >= item_deadline(self.media):
+                    return Decoded(None, self._death(seconds, exc), (0.0, 0.0))
+        return None  # pragma: no cover - the loop returns
 
     def _death(self, seconds: float, exc: BaseException) -> MMError:
         """The error of an item that ended its worker: by passing its deadline, or by crashing it."""

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from ..config import RunConfig
 from ..encoders.base import Encoder, ImageInput
-from ..errors import DeviceError, ModelLoadError
+from ..errors import DeviceError, ModelLoadError, OutputError
 from ..records import Item
 from .counters import Counters
 from .decode_pool import Decoded, DecodePool
@@ -109,10 +109,14 @@ class ImageFeed:
         if results is None:  # the pool died while the run is stopping: neither written nor errored
             self.counters.add("image", "not_attempted", len(chunk))
             return
-        for item, dec in zip(chunk, results):
+        for k, (item, dec) in enumerate(zip(chunk, results)):
             self.counters.add_seconds("decode", sum(dec.seconds))
             if dec.error is not None:
-                self.failures.record(dec.error, item.row, "image")
+                try:
+                    self.failures.record(dec.error, item.row, "image")
+                except OutputError:  # the report cannot be written: the chunk's rest waits for a re-run
+                    self.counters.add("image", "not_attempted", len(chunk) - k - 1)
+                    raise
             else:
                 assert dec.value is not None
                 self.images.append((item, dec))

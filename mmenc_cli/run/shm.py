@@ -40,9 +40,16 @@ class SlotPool:
     def __init__(self, count: int, slot_bytes: int) -> None:
         self.count, self.slot_bytes = count, slot_bytes
         name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
-        self.shm: shared_memory.SharedMemory | None = shared_memory.SharedMemory(name, create=True,
-                                                                                  size=max(1, count * slot_bytes))
-        self.name = self.shm.name
+        size = max(1, count * slot_bytes)
+        shm = shared_memory.SharedMemory(name, create=True, size=size)
+        try:
+            _reserve(shm, size)
+        except OSError:
+            shm.close()
+            shm.unlink()
+            raise
+        self.shm: shared_memory.SharedMemory | None = shm
+        self.name = shm.name
         self._free = list(range(count - 1, -1, -1))
 
     def acquire(self) -> int | None:
@@ -63,18 +70,29 @@ class SlotPool:
         return np.ndarray(slot.shape, dtype=np.uint8, buffer=self.shm.buf, offset=slot.index * self.slot_bytes)
 
     def close(self) -> None:
-        """Unlink the segment (views into it must be gone: copy out first)."""
+        """Unlink the segment. The mapping stays until the process ends: a payload may still hold
+        a view into it (a batch dropped at a stop), and reading an unmapped view would crash."""
         if self.shm is None:
             return
         shm, self.shm = self.shm, None
-        try:
-            shm.close()
-        except BufferError:  # a view is still alive somewhere: the mapping goes with the process
-            pass
+        _RETIRED.append(shm)
         try:
             shm.unlink()
         except FileNotFoundError:
             pass
+
+
+#: segments unlinked but still mapped (see `SlotPool.close`)
+_RETIRED: list[shared_memory.SharedMemory] = []
+
+
+def _reserve(shm: shared_memory.SharedMemory, size: int) -> None:
+    """Allocate the segment's pages now: a sparse segment would let several device processes or
+    tasks promise more than /dev/shm holds, and a worker writing past it dies of SIGBUS. OSError
+    (ENOSPC) when it does not fit."""
+    fd = getattr(shm, "_fd", -1)
+    if fd >= 0 and hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
 
 
 class SlotWriter:
@@ -106,8 +124,8 @@ def _attach(name: str) -> Any:
 
 
 def shm_slots(count: int, slot_bytes: int | None) -> SlotPool | None:
-    """A pool of up to `count` slots, sized to leave half of `/dev/shm`'s free space alone (a
-    container's small `/dev/shm` would otherwise end in SIGBUS on a worker's write); None when
+    """A pool of up to `count` slots, at most half of `/dev/shm`'s free space and allocated at once
+    (a container's small `/dev/shm` would otherwise end in SIGBUS on a worker's write); None when
     sizes vary, nothing fits or the segment cannot be made (pixels then travel pickled)."""
     if count <= 0 or not slot_bytes:
         return None

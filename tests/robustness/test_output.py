@@ -113,6 +113,30 @@ def test_a_report_that_cannot_be_written_ends_the_run_and_loses_no_row(tmp_path:
     assert not damaged and len({r["id"] for r in rows}) == 6 and len(embeddings(out)) == 10
 
 
+def test_a_report_that_fails_mid_chunk_leaves_the_chunk_s_rest_not_attempted(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image's error row cannot be written while the rest of its decode chunk waits: those
+    images are counted "not attempted" (the accounting holds) and a re-run encodes them."""
+    from tests.conftest import make_image
+
+    rows = [{"id": f"i{i}", "image": make_image(tmp_path / f"{i}.png", seed=i).name if i != 2 else "gone.png"}
+            for i in range(8)]
+    src, out = write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "out"
+
+    def write(self, record):
+        raise self._fault(OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr(ErrorReportWriter, "write", write)
+    with pytest.raises(OutputError, match="error report"):
+        run_encode(make_cfg([src], out, batch_size=8), encoder_factory=factory(FakeEncoder()))
+    monkeypatch.undo()
+    meta = task_meta(out)
+    assert meta["state"] == "failed" and meta["counters"]["balanced"], meta["counters"]
+    assert meta["counters"]["modalities"]["image"]["not_attempted"] == 8
+    again = run_encode(make_cfg([src], out, batch_size=8), encoder_factory=factory(FakeEncoder()))
+    assert again.state == "done" and again.counters.balanced and len(embeddings(out)) == 7
+
+
 def test_a_torn_tail_is_cut_off(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": ')

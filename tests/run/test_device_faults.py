@@ -337,3 +337,53 @@ def test_auto_dtype_asks_the_device_itself(monkeypatch: pytest.MonkeyPatch, majo
                         lambda d=None: asked.append(torch.device(d).index) or SimpleNamespace(major=major))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: pytest.fail("creates a tensor on GPU 0"))
     assert resolve_dtype("auto", "cuda:1") == dtype and asked == [1]
+
+
+class TimedEvent:
+    """Stands for a CUDA timing event: already passed (query() is True at once)."""
+
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at = 0.0
+
+    def record(self) -> None:
+        self.at = TimedEvent.clock
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "TimedEvent") -> float:
+        return (end.at - self.at) * 1000.0
+
+
+def test_the_pass_that_compiled_is_the_one_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even when the compiling pass has already finished on the device by the time it ends, it is
+    that pass, and only it, that leaves the forward's device time."""
+    from mmenc_cli.encoders.forward import ForwardTimer
+
+    monkeypatch.setattr(torch.cuda, "Event", TimedEvent)
+    timer = ForwardTimer("cuda:0")
+    for seconds, compiled in ((1.0, False), (5.0, True), (3.0, False)):
+        with timer:
+            TimedEvent.clock += seconds
+        if compiled:
+            timer.discard_last()
+    assert timer.seconds() == pytest.approx(4.0)
+
+
+def test_out_of_memory_under_compile_is_the_batch_s_not_the_compiler_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    def compiled_oom(fn: Any, **kw: Any) -> Any:
+        def run(inputs: Any) -> Any:
+            raise FakeOOM(len(inputs["x"]))
+        return run
+
+    monkeypatch.setattr(torch, "compile", compiled_oom)
+    eager: list[int] = []
+    wrapped = CompiledOrEager(lambda inputs: eager.append(1) or inputs["x"], "test")
+    with pytest.raises(FakeOOM):
+        wrapped({"x": torch.zeros(4, 2)})
+    assert eager == [] and wrapped.compiled is not None  # no eager retry, compilation kept

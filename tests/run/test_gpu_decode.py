@@ -23,9 +23,10 @@ from mmenc_cli.encoders import load_encoder
 from mmenc_cli.encoders.base import ImageInput
 from mmenc_cli.encoders.device_decode import DeviceJpegDecoder
 from mmenc_cli.encoders.preprocess import PixelPreprocessor
-from mmenc_cli.errors import ModelLoadError
+from mmenc_cli.errors import DeviceError, ModelLoadError
 from mmenc_cli.media.decode import decode_image, device_jpeg
 from mmenc_cli.run.decode_pool import decode_one
+from mmenc_cli.outdir import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import write_jsonl
 from tests.fakes import FakeEncoder, factory
@@ -177,3 +178,88 @@ def test_a_model_without_a_device_path_refuses_gpu_decoding(tmp_path: Path) -> N
 def test_the_tiny_clip_offers_a_device_decoder(tiny_clip: Path) -> None:
     encoder = load_encoder(ModelConfig(model=str(tiny_clip), device="cpu"))
     assert isinstance(encoder.image_device_decoder(), DeviceJpegDecoder)
+
+
+def jpeg_payloads(n: int) -> list[ImageInput]:
+    return [ImageInput(np.frombuffer(photo(64, 48, seed=i), np.uint8), {"jpeg": True}) for i in range(n)]
+
+
+def test_a_sticky_device_error_while_decoding_ends_the_run(tmp_path: Path, tiny_clip: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    for i in range(12):
+        (media / f"p{i}.jpg").write_bytes(photo(64, 48, seed=i))
+    manifest = write_jsonl(media / "m.jsonl", [{"id": f"p{i}", "image": f"p{i}.jpg"} for i in range(12)])
+    calls: list[int] = []
+    real = DeviceJpegDecoder._decode_all
+
+    def decode_all(self: DeviceJpegDecoder, data: list[Any]) -> list[Any]:
+        calls.append(len(data))
+        if len(calls) == 2:
+            self.decode = lambda d, dev: (_ for _ in ()).throw(RuntimeError(
+                "CUDA error: an illegal memory access was encountered"))
+        return real(self, data)
+
+    monkeypatch.setattr(DeviceJpegDecoder, "_decode_all", decode_all)
+    with pytest.raises(DeviceError) as info:
+        run_encode(gpu_cfg(manifest, tmp_path / "out", tiny_clip, "gpu", workers=0))
+    assert info.value.exit_code == 1
+    [meta] = OutDir(tmp_path / "out").read_task_metas()
+    image = meta["counters"]["modalities"]["image"]
+    assert meta["state"] == "failed" and meta["counters"]["balanced"] and image["not_attempted"] > 0
+    assert error_rows(tmp_path / "out") == []
+
+
+def test_an_image_the_device_cannot_resize_is_decoded_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoder = DeviceJpegDecoder(PixelPreprocessor(None, 32, (32, 32), 3), "cpu")
+    real = decoder.preprocess
+    seen: list[int] = []
+
+    def preprocess(image: Any) -> Any:
+        seen.append(1)
+        if len(seen) == 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return real(image)
+
+    monkeypatch.setattr(decoder, "preprocess", preprocess)
+    out = decoder(jpeg_payloads(3))
+    assert [o is None for o in out] == [False, True, False]
+
+
+def test_jpegs_are_decoded_on_a_stream_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the decode runs on a side stream; the current stream waits for it, and the decoded
+    images are marked as used on the current stream (a fake CUDA stream API records the order)."""
+    import torch
+
+    log: list[str] = []
+
+    class FakeStream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other: "FakeStream") -> None:
+            log.append(f"{self.name} waits for {other.name}")
+
+    class On:
+        def __init__(self, stream: FakeStream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            log.append(f"on {self.stream.name}")
+
+        def __exit__(self, *exc: Any) -> None:
+            log.append(f"off {self.stream.name}")
+
+    current = FakeStream("current")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("side"))
+    monkeypatch.setattr(torch.cuda, "stream", On)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(f"used on {s.name}"),
+                        raising=False)
+    decoder = DeviceJpegDecoder(PixelPreprocessor(None, 32, (32, 32), 3), "cuda:0")
+    cpu_decode = decoder.decode
+    decoder.decode = lambda data, device: (log.append(f"decode {len(data)}"), cpu_decode(data, "cpu"))[1]
+    out = decoder(jpeg_payloads(2))
+    assert all(o is not None for o in out)
+    assert log == ["on side", "decode 2", "off side", "current waits for side", "used on current", "used on current"]

@@ -135,3 +135,32 @@ def test_variable_sizes_are_never_put_in_slots(pools: list[DecodePool]) -> None:
     pool = DecodePool(Free(), MEDIA, workers=1, max_in_flight=8, slots=8)
     pools.append(pool)
     assert pool.slots is None
+
+
+def test_the_segment_is_allocated_at_once_or_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages are reserved when the segment is made (a sparse one could promise more than /dev/shm
+    holds, and a worker writing there would die of SIGBUS); when that fails, no segment is left."""
+    import errno
+
+    before = segments()
+    calls: list[int] = []
+
+    def full(fd: int, offset: int, size: int) -> None:
+        calls.append(size)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shm.os, "posix_fallocate", full)
+    assert shm.shm_slots(8, 192) is None and calls == [8 * 192]
+    assert segments() - before == set()
+
+
+def test_closing_keeps_views_readable() -> None:
+    """A payload dropped at a stop may still hold a view into a slot: closing unlinks the segment
+    but leaves the mapping, so reading such a view never crashes."""
+    pool = shm.SlotPool(2, 48)
+    index = pool.acquire()
+    view = pool.view(shm.Slot(index, (3, 4, 4)))
+    view[...] = 7
+    pool.close()
+    assert pool.name not in segments()
+    assert int(view.sum()) == 7 * 48

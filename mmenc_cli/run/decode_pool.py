@@ -1,8 +1,8 @@
 """Loading and preprocessing images in worker processes, with bounded prefetch in completion order.
 
-Workers never touch torch or the GPU: they turn an image source into an `ImageInput` (compact
-uint8 pixels where the model's processor allows) or an `MMError`, and report seconds spent
-loading, decoding and preprocessing. The parent keeps at most `max_in_flight` items submitted,
+Workers (`decode_worker.py`) never touch torch or the GPU: they turn an image source into an
+`ImageInput` (compact uint8 pixels where the model's processor allows) or an `MMError`, and report
+seconds spent loading, decoding and preprocessing. The parent keeps at most `max_in_flight` items submitted,
 so memory stays bounded however large the manifest is, and takes results as they finish: a
 slow image (a URL at its timeout) never holds the images decoded after it.
 """
@@ -16,139 +16,15 @@ import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
-
 from ..config import MediaConfig
-from ..encoders.base import ImageInput, ImagePreprocessor
-from ..errors import MMError, classify
-from ..media import configure_pillow, load_encoded, load_image
-from ..media.decode import decode_image, device_jpeg
-from ..media.sources import guard
-from .shm import Slot, SlotPool, SlotWriter, shm_slots
+from ..encoders.base import ImagePreprocessor
+from ..errors import MMError
+from .decode_worker import Decoded, decode_chunk, init_worker, decode_one, item_deadline
+from .shm import SlotPool, shm_slots
 
 log = logging.getLogger("mmenc")
-
-_STATE: dict[str, Any] = {}
-
-
-@dataclass(slots=True)
-class Decoded:
-    """A worker's answer for one image: `value` or `error`, plus seconds per stage."""
-
-    value: ImageInput | None
-    error: MMError | None
-    seconds: tuple[float, float]  # load + decode, preprocess
-    slot: Slot | None = None  # where the pixels are, when they came in shared memory
-
-
-def _init_worker(preprocessor: ImagePreprocessor, media: MediaConfig, parent: int,
-                 slots: tuple[str, int] | None = None) -> None:
-    import signal
-    import threading
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides how to stop
-    configure_pillow(media)  # per-process Pillow limits matching --max-image-pixels
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    _STATE["pre"] = preprocessor
-    _STATE["media"] = media
-    _STATE["slots"] = SlotWriter(*slots) if slots is not None else None
-    _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
-
-
-def _watch_parent(pid: int) -> None:
-    """Exit when the encode process is gone (e.g. SIGKILLed), so no worker outlives it.
-
-    A killed parent stays a zombie until reaped, so a zombie counts as gone; once the workers
-    exit, the forkserver and resource tracker (kept alive by the workers' fds) exit too.
-    """
-    while True:
-        time.sleep(0.5)
-        if _gone(pid):
-            os._exit(1)
-
-
-def _gone(pid: int) -> bool:
-    """True when process `pid` has exited or is a zombie (psutil, else Linux's /proc)."""
-    try:
-        import psutil
-    except ImportError:  # a bare GPU image without it: /proc says the same on Linux
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                return f.read().rpartition(")")[2].split()[0] == "Z"
-        except FileNotFoundError:
-            return True
-        except (OSError, IndexError):
-            return False
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-
-
-def decode_one(source: str | bytes, base_dir: str, preprocessor: ImagePreprocessor, media: MediaConfig,
-               cpu_only: bool = False) -> Decoded:
-    """Load, decode and preprocess one image; every failure becomes an `MMError`. Under
-    `--decode gpu` (unless `cpu_only`) a JPEG the device can decode stays encoded: its bytes go to
-    the encode process as a 1-D uint8 `ImageInput` with `meta["jpeg"]`."""
-    t0 = time.perf_counter()
-    stage = "load"
-    try:
-        draft = preprocessor.draft_size if media.decode in ("fast", "gpu") else None
-        if media.decode == "gpu" and not cpu_only:
-            data, content_type = load_encoded(source, base_dir, media)
-            if guard("decode", device_jpeg, data, media):
-                return Decoded(ImageInput(np.frombuffer(data, dtype=np.uint8), {"jpeg": True}), None,
-                               (time.perf_counter() - t0, 0.0))
-            image = guard("decode", decode_image, data, media, content_type, draft)
-        else:
-            image = load_image(source, base_dir, media, draft=draft)  # raises MMError with its own stage
-        t1 = time.perf_counter()
-        stage = "preprocess"
-        value = preprocessor(image)
-        return Decoded(value, None, (t1 - t0, time.perf_counter() - t1))
-    except Exception as exc:  # one bad image never stops the run
-        return Decoded(None, classify(exc, stage), (time.perf_counter() - t0, 0.0))
-
-
-def item_deadline(media: MediaConfig) -> float:
-    """Seconds one image may take in a worker: every fetch attempt, the waits between them, and
-    --decode-timeout for reading, decoding and preprocessing. A worker past it ends itself."""
-    from ..media.http import BACKOFF_CAP_S, RETRY_AFTER_MAX_S
-
-    waits = media.fetch_retries * max(BACKOFF_CAP_S, RETRY_AFTER_MAX_S)
-    return media.fetch_timeout * (1 + media.fetch_retries) + waits + media.decode_timeout
-
-
-def _decode_chunk(chunk: Sequence[tuple[str | bytes, str, int | None, bool]]) -> list[Decoded]:
-    """In a worker: each item under its deadline; its uint8 pixels into its shared-memory slot
-    when it has one. faulthandler's watchdog is a C thread, so it ends the process even when a
-    library call hangs holding the GIL; the pool then isolates the item."""
-    import faulthandler
-
-    pre, media, slots = _STATE["pre"], _STATE["media"], _STATE.get("slots")
-    out = []
-    for src, base, slot, cpu_only in chunk:
-        faulthandler.dump_traceback_later(item_deadline(media), exit=True, file=_STATE["devnull"])
-        try:
-            dec = decode_one(src, base, pre, media, cpu_only)
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        if slot is not None and slots is not None and dec.value is not None:
-            dec.slot = slots.write(slot, dec.value.pixels)
-            if dec.slot is not None:
-                dec.value.pixels = _IN_SLOT
-        out.append(dec)
-    return out
-
-
-#: what `ImageInput.pixels` holds on its way back when the pixels are in a slot
-_IN_SLOT = np.empty(0, dtype=np.uint8)
-
 
 class _Done:
     """A completed future stand-in for in-process decoding (workers=0)."""
@@ -183,12 +59,12 @@ class DecodePool:
         self.slots: SlotPool | None = shm_slots(slots, preprocessor.max_pixel_bytes()) if workers > 0 else None
         if workers > 0:
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["mmenc_cli.run.decode_pool", "mmenc_cli.media", "numpy", "PIL.Image"])
+            ctx.set_forkserver_preload(["mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"])
             self._ex = self._executor()
 
     def _executor(self) -> ProcessPoolExecutor:
         slots = (self.slots.name, self.slots.slot_bytes) if self.slots is not None else None
-        return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"), initializer=_init_worker,
+        return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"), initializer=init_worker,
                                    initargs=(self.preprocessor, self.media, os.getpid(), slots))
 
     @property
@@ -209,10 +85,10 @@ class DecodePool:
             fut: Any = _Done([decode_one(s, b, self.preprocessor, self.media, c) for s, b, _, c in chunk])
         else:
             try:
-                fut = self._ex.submit(_decode_chunk, chunk)
+                fut = self._ex.submit(decode_chunk, chunk)
             except BrokenProcessPool:  # a worker died since the last collect: the pool is unusable
                 self._restart()
-                fut = self._ex.submit(_decode_chunk, chunk)
+                fut = self._ex.submit(decode_chunk, chunk)
         self._pending.append((key, chunk, fut, self._ex))
         self._in_flight += len(chunk)
         if isinstance(fut, Future):
@@ -285,10 +161,10 @@ class DecodePool:
         for attempt in (1, 2):
             t0 = time.monotonic()
             try:
-                fut = self._ex.submit(_decode_chunk, [item])
+                fut = self._ex.submit(decode_chunk, [item])
             except BrokenProcessPool:  # broken by another chunk since: a fresh pool
                 self._restart()
-                fut = self._ex.submit(_decode_chunk, [item])
+                fut = self._ex.submit(decode_chunk, [item])
             if not self._wait(fut):
                 return None
             try:

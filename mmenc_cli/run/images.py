@@ -16,7 +16,8 @@ from ..encoders.base import Encoder, ImageInput
 from ..errors import DeviceError, ModelLoadError, OutputError
 from ..records import Item
 from .counters import Counters
-from .decode_pool import Decoded, DecodePool
+from .decode_pool import DecodePool
+from .decode_worker import Decoded
 from .failures import FailureSink
 
 #: images per chunk handed to a worker at once (at most the batch size): fewer, larger hand-offs

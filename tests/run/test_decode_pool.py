@@ -20,7 +20,8 @@ from PIL import Image
 from mmenc_cli.config import MediaConfig
 from mmenc_cli.encoders.base import ImageInput, ImagePreprocessor
 from mmenc_cli.errors import MMError
-from mmenc_cli.run.decode_pool import DecodePool, Decoded, decode_one
+from mmenc_cli.run.decode_pool import DecodePool
+from mmenc_cli.run.decode_worker import Decoded, decode_one
 
 MEDIA = MediaConfig()
 KILLER_SIZE = (13, 7)  # an image of this size makes `ExitingPreprocessor` kill its worker

@@ -25,7 +25,7 @@ from mmenc_cli.encoders.device_decode import DeviceJpegDecoder
 from mmenc_cli.encoders.preprocess import PixelPreprocessor
 from mmenc_cli.errors import DeviceError, ModelLoadError
 from mmenc_cli.media.decode import decode_image, device_jpeg
-from mmenc_cli.run.decode_pool import decode_one
+from mmenc_cli.run.decode_worker import decode_one
 from mmenc_cli.outdir import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import write_jsonl

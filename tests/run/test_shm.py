@@ -18,7 +18,8 @@ from PIL import Image
 from mmenc_cli.config import MediaConfig
 from mmenc_cli.encoders.base import ImageInput, ImagePreprocessor
 from mmenc_cli.run import shm
-from mmenc_cli.run.decode_pool import DecodePool, Decoded
+from mmenc_cli.run.decode_pool import DecodePool
+from mmenc_cli.run.decode_worker import Decoded
 from tests.run.test_decode_pool import KILLER_SIZE, png
 
 MEDIA = MediaConfig()

@@ -83,3 +83,34 @@ class FakeEncoder(Encoder):
 def factory(encoder: FakeEncoder) -> Callable[..., FakeEncoder]:
     """An `encoder_factory` for `run_encode` that always returns `encoder`."""
     return lambda cfg, device=None: encoder
+
+
+def fake_cuda_streams(monkeypatch: Any, log: list[str]) -> None:
+    """Replace torch's CUDA stream API with one that logs, in order: entering and leaving a stream
+    ("on side", "off side"), waits ("current waits for side") and `record_stream` ("used on
+    current"). The current stream is "current"; every new stream is "side"."""
+    import torch
+
+    class FakeStream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other: "FakeStream") -> None:
+            log.append(f"{self.name} waits for {other.name}")
+
+    class On:
+        def __init__(self, stream: FakeStream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            log.append(f"on {self.stream.name}")
+
+        def __exit__(self, *exc: Any) -> None:
+            log.append(f"off {self.stream.name}")
+
+    current = FakeStream("current")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("side"))
+    monkeypatch.setattr(torch.cuda, "stream", On)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(f"used on {s.name}"),
+                        raising=False)

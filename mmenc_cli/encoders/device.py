@@ -5,7 +5,7 @@ torch is imported inside the functions so that importing this module stays cheap
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ModelLoadError
 from .cpu.malloc import keep_freed_memory
@@ -72,8 +72,8 @@ def configure_backend(device: str) -> None:
 def stack_to_device(arrays: Sequence["np.ndarray"], device: str) -> "torch.Tensor":
     """Same-shaped numpy arrays (or tensors already on the device) as one batch tensor on `device`.
     On CUDA numpy arrays are stacked straight into pinned host memory (one copy, e.g. out of the
-    decode workers' shared memory) and copied on asynchronously; PyTorch's pinned-memory cache
-    reuses that buffer only once the copy is done."""
+    decode workers' shared memory) and copied on asynchronously, on a copy stream; PyTorch's
+    pinned-memory cache reuses that buffer only once the copy is done."""
     import numpy as np
     import torch
 
@@ -85,7 +85,28 @@ def stack_to_device(arrays: Sequence["np.ndarray"], device: str) -> "torch.Tenso
     dtype = torch.from_numpy(np.empty(0, dtype=arrays[0].dtype)).dtype
     host = torch.empty((len(arrays), *arrays[0].shape), dtype=dtype, pin_memory=True)
     np.stack(arrays, out=host.numpy())
-    return host.to(device, non_blocking=True)
+    return _copy_on_side_stream(host, device)
+
+
+#: one copy stream per CUDA device (see `_copy_on_side_stream`)
+_COPY_STREAMS: dict[str, Any] = {}
+
+
+def _copy_on_side_stream(host: "torch.Tensor", device: str) -> "torch.Tensor":
+    """Copy a pinned batch to the device on a stream of its own, so the copy runs while the
+    previous batch's forward still computes on the current stream; the current stream then waits
+    for the copy, and the copy's memory is marked as used there."""
+    import torch
+
+    current = torch.cuda.current_stream(device)
+    side = _COPY_STREAMS.get(device)
+    if side is None:
+        side = _COPY_STREAMS[device] = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(side):
+        out = host.to(device, non_blocking=True)
+    current.wait_stream(side)
+    out.record_stream(current)
+    return out
 
 
 def to_device(tensor: "torch.Tensor", device: str) -> "torch.Tensor":

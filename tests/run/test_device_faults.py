@@ -32,7 +32,7 @@ from mmenc_cli.errors import DeviceError, is_device_fault
 from mmenc_cli.outdir import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import make_image, write_jsonl
-from tests.fakes import FakeEncoder, FakeOOM, factory
+from tests.fakes import FakeEncoder, FakeOOM, factory, fake_cuda_streams
 from tests.runs import embeddings, error_rows, make_cfg
 
 ILLEGAL = "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be reported asynchronously"
@@ -232,7 +232,7 @@ class PassTimer:
 
 def test_cuda_batches_are_stacked_into_pinned_memory_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pixels (views of the workers' shared memory) go to the device through one copy into
-    pinned host memory and an asynchronous copy, not stack + pin + copy."""
+    pinned host memory and an asynchronous copy on a copy stream, not stack + pin + copy."""
     from mmenc_cli.encoders.device import stack_to_device
 
     arrays = [np.full((3, 4, 5), i, dtype=np.uint8) for i in range(6)]
@@ -244,11 +244,15 @@ def test_cuda_batches_are_stacked_into_pinned_memory_once(monkeypatch: pytest.Mo
         return real_empty(*a, **k)
 
     monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: moved.append((a, k)) or self)
+    log: list[str] = []
+    fake_cuda_streams(monkeypatch, log)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: moved.append((a, k)) or log.append("copy") or self)
     host = stack_to_device(arrays, "cuda:1")
     assert pinned == [True] and moved == [(("cuda:1",), {"non_blocking": True})]
     assert host.dtype == torch.uint8
     np.testing.assert_array_equal(host.numpy(), np.stack(arrays))
+    # the copy runs on a copy stream (overlapping the previous forward); the forward's stream waits
+    assert log == ["on side", "copy", "off side", "current waits for side", "used on current"]
 
 
 class FakeCudaTensor:

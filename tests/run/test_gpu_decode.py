@@ -29,7 +29,7 @@ from mmenc_cli.run.decode_worker import decode_one
 from mmenc_cli.outdir import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import write_jsonl
-from tests.fakes import FakeEncoder, factory
+from tests.fakes import FakeEncoder, factory, fake_cuda_streams
 from tests.runs import embeddings, error_rows
 
 MEDIA = MediaConfig()
@@ -230,33 +230,8 @@ def test_an_image_the_device_cannot_resize_is_decoded_on_the_cpu(monkeypatch: py
 def test_jpegs_are_decoded_on_a_stream_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the decode runs on a side stream; the current stream waits for it, and the decoded
     images are marked as used on the current stream (a fake CUDA stream API records the order)."""
-    import torch
-
     log: list[str] = []
-
-    class FakeStream:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def wait_stream(self, other: "FakeStream") -> None:
-            log.append(f"{self.name} waits for {other.name}")
-
-    class On:
-        def __init__(self, stream: FakeStream) -> None:
-            self.stream = stream
-
-        def __enter__(self) -> None:
-            log.append(f"on {self.stream.name}")
-
-        def __exit__(self, *exc: Any) -> None:
-            log.append(f"off {self.stream.name}")
-
-    current = FakeStream("current")
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("side"))
-    monkeypatch.setattr(torch.cuda, "stream", On)
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(f"used on {s.name}"),
-                        raising=False)
+    fake_cuda_streams(monkeypatch, log)
     decoder = DeviceJpegDecoder(PixelPreprocessor(None, 32, (32, 32), 3), "cuda:0")
     cpu_decode = decoder.decode
     decoder.decode = lambda data, device: (log.append(f"decode {len(data)}"), cpu_decode(data, "cpu"))[1]

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .encoders.base import EncodeOutput
-from .errors import DeviceError, MMError, classify, first_line, is_device_fault, is_out_of_memory, trim_message
+from .errors import DeviceError, MMError, classify, is_device_fault, is_out_of_memory, trim_message
 
 log = logging.getLogger("mmenc")
 
@@ -123,9 +123,7 @@ class BatchRunner:
                     launched: "Launched", exc: Exception) -> None:
         n = hi - lo
         if is_device_fault(exc):
-            raise DeviceError(f"the device failed ({type(exc).__name__}: {first_line(exc)}); its state is lost, so "
-                              "the run stops: what is committed stays and a re-run goes on (set "
-                              "CUDA_LAUNCH_BLOCKING=1 to find the failing kernel)") from None
+            raise DeviceError.of(exc) from None
         if is_out_of_memory(exc) or isinstance(exc, MemoryError):
             self.free_memory()
             if n == 1:
@@ -238,8 +236,7 @@ class HostCopy:
             try:
                 self.event.synchronize()
             except Exception as exc:  # an asynchronous CUDA error surfaces here: the device's, no item's
-                raise DeviceError(f"the device failed ({type(exc).__name__}: {first_line(exc)}); the run "
-                                  "stops: what is committed stays and a re-run goes on") from None
+                raise DeviceError.of(exc) from None
         return _to_numpy(self.host if self.many else self.host[0])
 
 

@@ -236,6 +236,13 @@ class DeviceError(RunError):
 
     exit_code = ExitCode.INTERNAL
 
+    @classmethod
+    def of(cls, exc: BaseException, doing: str = "") -> "DeviceError":
+        """The run-level error for `exc`, a CUDA error met while `doing` something."""
+        return cls(f"the device failed{doing} ({type(exc).__name__}: {first_line(exc)}); its state is lost, so the "
+                   "run stops: what is committed stays and a re-run goes on (set CUDA_LAUNCH_BLOCKING=1 to find "
+                   "the failing kernel)")
+
 
 class ModelLoadError(RunError):
     """The model cannot be loaded or used as asked (a startup error, one clear line)."""

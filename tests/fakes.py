@@ -109,6 +109,7 @@ def fake_cuda_streams(monkeypatch: Any, log: list[str]) -> None:
             log.append(f"off {self.stream.name}")
 
     current = FakeStream("current")
+    monkeypatch.setattr("mmenc_cli.encoders.device._SIDE_STREAMS", {})  # no stream kept from before
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("side"))
     monkeypatch.setattr(torch.cuda, "stream", On)

@@ -5,7 +5,7 @@ torch is imported inside the functions so that importing this module stays cheap
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import ModelLoadError
 from .cpu.malloc import keep_freed_memory
@@ -88,24 +88,32 @@ def stack_to_device(arrays: Sequence["np.ndarray"], device: str) -> "torch.Tenso
     return _copy_on_side_stream(host, device)
 
 
-#: one copy stream per CUDA device (see `_copy_on_side_stream`)
-_COPY_STREAMS: dict[str, Any] = {}
+#: one side stream per CUDA device (see `on_side_stream`)
+_SIDE_STREAMS: dict[str, Any] = {}
 
 
 def _copy_on_side_stream(host: "torch.Tensor", device: str) -> "torch.Tensor":
-    """Copy a pinned batch to the device on a stream of its own, so the copy runs while the
-    previous batch's forward still computes on the current stream; the current stream then waits
-    for the copy, and the copy's memory is marked as used there."""
+    """Copy a pinned batch to the device on the side stream, so the copy runs while the previous
+    batch's forward still computes on the current stream."""
+    return on_side_stream(device, lambda: [host.to(device, non_blocking=True)])[0]
+
+
+def on_side_stream(device: str, work: Callable[[], list[Any]]) -> list[Any]:
+    """Run `work` (returning tensors, or None) on `device`'s side stream; then the current stream
+    waits for it, and each tensor is marked as used on the current stream (its memory is not
+    handed out again before the current stream is done with it)."""
     import torch
 
     current = torch.cuda.current_stream(device)
-    side = _COPY_STREAMS.get(device)
+    side = _SIDE_STREAMS.get(device)
     if side is None:
-        side = _COPY_STREAMS[device] = torch.cuda.Stream(device=device)
+        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
     with torch.cuda.stream(side):
-        out = host.to(device, non_blocking=True)
+        out = work()
     current.wait_stream(side)
-    out.record_stream(current)
+    for tensor in out:
+        if tensor is not None:
+            tensor.record_stream(current)
     return out
 
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..errors import DeviceError, ModelLoadError, first_line, is_device_fault
+from ..errors import DeviceError, ModelLoadError, is_device_fault
 from .base import ImageInput
+from .device import on_side_stream
 from .preprocess import PixelPreprocessor, center_crop, center_crop_rounded, shortest_edge_size
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,7 +57,6 @@ class DeviceJpegDecoder:
     def __init__(self, prep: PixelPreprocessor, device: str) -> None:
         self.prep, self.device = prep, device
         self.decode = jpeg_decoder()
-        self._side: Any = None  # the CUDA stream the decoder runs on (see `_on_side_stream`)
 
     def __call__(self, payloads: list[ImageInput]) -> list[ImageInput | None]:
         import torch
@@ -86,25 +86,13 @@ class DeviceJpegDecoder:
         return images
 
     def _on_side_stream(self, decode: Callable[[], list[Any]]) -> list[Any]:
-        """Run `decode` on a stream of its own. nvJPEG writes its outputs from torchvision's own
-        streams without waiting for the current one, whose queued kernels (the previous batch's
-        forward, still running) may use memory the allocator already handed to those outputs; on a
-        separate stream the outputs get only memory that stream is done with. The current stream
-        then waits for the decode, and the outputs are marked as used there."""
+        """Run `decode` on the device's side stream (`device.on_side_stream`): nvJPEG writes its
+        outputs from torchvision's own streams without waiting for the current one, whose queued
+        kernels (the previous batch's forward, still running) may use memory the allocator already
+        handed to those outputs; on the side stream they get only memory that stream is done with."""
         if not self.device.startswith("cuda"):
             return decode()
-        import torch
-
-        current = torch.cuda.current_stream(self.device)
-        if self._side is None:
-            self._side = torch.cuda.Stream(device=self.device)
-        with torch.cuda.stream(self._side):
-            images = decode()
-        current.wait_stream(self._side)
-        for image in images:
-            if image is not None:
-                image.record_stream(current)
-        return images
+        return on_side_stream(self.device, decode)
 
     def _preprocessed(self, image: "torch.Tensor") -> ImageInput | None:
         """The image resized and cropped; None (decoded on the CPU instead) when that fails, e.g.
@@ -133,8 +121,7 @@ class DeviceJpegDecoder:
 def _raise_device_fault(exc: BaseException) -> None:
     """A sticky CUDA error is the device's, no image's: the run ends (`DeviceError`, exit 1)."""
     if is_device_fault(exc):
-        raise DeviceError(f"the device failed while decoding JPEGs ({type(exc).__name__}: {first_line(exc)}); "
-                          "the run stops: what is committed stays and a re-run goes on") from None
+        raise DeviceError.of(exc, " while decoding JPEGs") from None
 
 
 def _writable(data: np.ndarray) -> np.ndarray:

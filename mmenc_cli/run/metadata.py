@@ -52,7 +52,7 @@ def decode_mode(cfg: RunConfig, recorded: dict[str, Any] | None) -> str:
     if cfg.media.decode is not None:
         return cfg.media.decode
     if isinstance(recorded, dict) and isinstance(recorded.get("fingerprint"), dict):
-        return str(recorded["fingerprint"].get("decode", "exact"))
+        return str(recorded["fingerprint"].get("decode", LEGACY_FINGERPRINT["decode"]))
     return "fast"
 
 

@@ -6,7 +6,7 @@ validated in `__post_init__` so a bad combination fails before anything is loade
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .cpus import usable_cpus
@@ -25,12 +25,14 @@ RESERVED_COLUMNS = frozenset({"id", "modality", "embedding"})
 
 @dataclass(frozen=True)
 class ManifestConfig:
-    """Which keys hold the id, image and text (None: the input format's own, `readers.validate.keys_for`),
-    which fields to keep, how many rows."""
+    """Which keys hold the id, image, text, audio and video (None: the input format's own,
+    `readers.validate.keys_for`), which fields to keep, how many rows."""
 
     id_key: str | None = None
     image_key: str | None = None
     text_key: str | None = None
+    audio_key: str | None = None
+    video_key: str | None = None
     keep: tuple[str, ...] = ()
     limit: int | None = None
     csv_multiline: bool = False  # CSV quoted fields may span lines: tasks parse from the top (exact, slower)
@@ -48,12 +50,30 @@ class ManifestConfig:
             raise ConfigError("--keep names a field twice")
 
 
+#: the largest file each medium may be, by default (--max-file-bytes, --max-audio-bytes, --max-video-bytes)
+DEFAULT_MAX_BYTES = {"image": 64 * 1024 * 1024, "audio": 512 * 1024 * 1024, "video": 8 * 1024 * 1024 * 1024}
+#: frames sampled from a video clip when neither --frames nor the model says; with --fps, at most
+DEFAULT_FRAMES, MAX_FPS_FRAMES = 8, 64
+
+
 @dataclass(frozen=True)
 class MediaConfig:
-    """Limits and network behaviour for loading images."""
+    """Limits and network behaviour for loading images, audio and video; how clips are sampled.
 
-    max_image_pixels: int = 89_478_485  # Pillow's own bomb threshold (~ 9459 x 9459)
-    max_file_bytes: int = 64 * 1024 * 1024
+    `max_file_bytes` is the image limit; audio and video have their own (`limit_bytes`). A video
+    on a local path is read only where its sampled frames are (seeking); one from a URL or inline
+    bytes is held in memory whole, so its limit also bounds memory. `max_audio_seconds` None:
+    the model's own window (CLAP: 10 s); `frames` None: the model's default (`DEFAULT_FRAMES`);
+    with `fps`, frames are taken at that rate, at most `frames` (else `MAX_FPS_FRAMES`) of them."""
+
+    max_image_pixels: int = 89_478_485  # Pillow's own bomb threshold (~ 9459 x 9459); also per video frame
+    max_file_bytes: int = DEFAULT_MAX_BYTES["image"]
+    max_audio_bytes: int = DEFAULT_MAX_BYTES["audio"]
+    max_video_bytes: int = DEFAULT_MAX_BYTES["video"]
+    max_audio_seconds: float | None = None
+    max_video_seconds: float = 3600.0
+    frames: int | None = None
+    fps: float | None = None
     fetch_timeout: float = 20.0
     fetch_retries: int = 3
     decode_timeout: float = 60.0  # reading, decoding, preprocessing one image; fetching has its own
@@ -66,12 +86,29 @@ class MediaConfig:
     def __post_init__(self) -> None:
         if self.decode not in (None, "fast", "exact", "gpu"):
             raise ConfigError(f"--decode must be fast, exact or gpu, not {self.decode!r}")
-        if self.max_image_pixels <= 0 or self.max_file_bytes <= 0:
-            raise ConfigError("--max-image-pixels and --max-file-bytes must be > 0")
+        if min(self.max_image_pixels, self.max_file_bytes, self.max_audio_bytes, self.max_video_bytes) <= 0:
+            raise ConfigError("--max-image-pixels, --max-file-bytes, --max-audio-bytes and --max-video-bytes "
+                              "must be > 0")
+        if (self.max_audio_seconds is not None and self.max_audio_seconds <= 0) or self.max_video_seconds <= 0:
+            raise ConfigError("--max-audio-seconds and --max-video-seconds must be > 0")
+        if (self.frames is not None and self.frames <= 0) or (self.fps is not None and self.fps <= 0):
+            raise ConfigError("--frames and --fps must be > 0")
         if self.decode_timeout <= 0:
             raise ConfigError("--decode-timeout must be > 0")
         if self.fetch_timeout <= 0 or self.fetch_retries < 0:
             raise ConfigError("--fetch-timeout must be > 0 and --fetch-retries >= 0")
+
+    def frames_per_clip(self, model_default: int | None) -> int:
+        """Frames a video clip gives: `--frames`, else (under --fps) `MAX_FPS_FRAMES`, else the
+        model's default, else `DEFAULT_FRAMES`."""
+        if self.frames is not None:
+            return self.frames
+        return MAX_FPS_FRAMES if self.fps is not None else model_default or DEFAULT_FRAMES
+
+    def limit_bytes(self, medium: str) -> "MediaConfig":
+        """This config with `max_file_bytes` set to `medium`'s limit (the loaders read that one)."""
+        limit = {"audio": self.max_audio_bytes, "video": self.max_video_bytes}.get(medium, self.max_file_bytes)
+        return self if limit == self.max_file_bytes else replace(self, max_file_bytes=limit)
 
 
 @dataclass(frozen=True)
@@ -190,7 +227,8 @@ class RunConfig:
         if self.modalities is not None:
             bad = [m for m in self.modalities if m not in MODALITIES]
             if bad or not self.modalities:
-                raise ConfigError("--modality must be image, text or image,text")
+                raise ConfigError(f"--modality takes a comma list of {', '.join(MODALITIES)}"
+                                  + (f", not {', '.join(bad)}" if bad else ""))
         if self.task_count < 1 or not 0 <= self.task_index < self.task_count:
             raise ConfigError(f"task index {self.task_index} is not in [0, {self.task_count})")
         if self.max_error_rate is not None and not 0 <= self.max_error_rate <= 1:

@@ -7,16 +7,18 @@ from typing import Any
 
 from .errors import MMError
 
-MODALITIES = ("image", "text")
+#: media decoded in the worker processes (images, audio clips, video clips)
+MEDIA = ("image", "audio", "video")
+MODALITIES = ("image", "text", "audio", "video")
 
 
 @dataclass(slots=True)
 class ManifestRow:
     """One valid manifest row.
 
-    `image` is what the manifest holds for the image: a str (path, file://, http(s)://, data: URI)
-    or bytes (Parquet inline bytes); relative paths are resolved against `base_dir` by the media
-    stage. `keep` holds the fields named with --keep. `offset` is the byte offset of the row in a
+    `image`, `audio` and `video` are what the manifest holds for each medium: a str (path,
+    file://, http(s)://, data: URI) or bytes (Parquet inline bytes); relative paths are resolved
+    against `base_dir` by the media stage. `keep` holds the fields named with --keep. `offset` is the byte offset of the row in a
     JSONL/CSV manifest or the row index in a Parquet one; `line` is 1-based where known.
     """
 
@@ -28,6 +30,14 @@ class ManifestRow:
     text: str | None = None
     keep: dict[str, Any] = field(default_factory=dict)
     base_dir: str = "."
+    audio: str | bytes | None = None
+    video: str | bytes | None = None
+
+    def value(self, modality: str) -> str | bytes | None:
+        """What the row holds for `modality` (None: nothing, the item is skipped)."""
+        if modality == "text":
+            return self.text
+        return self.image if modality == "image" else self.audio if modality == "audio" else self.video
 
 
 @dataclass(slots=True)

@@ -264,18 +264,19 @@ _REWRITTEN = frozenset({"tar", "folder", "i2d-files", "i2d-parquet"})
 
 
 def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Rebuild the manifest rows of failed items: absolute image paths (inline bytes, a tar's
-    images included, as data URIs), kept fields, and only the failed modalities' fields. A row of a
+    """Rebuild the manifest rows of failed items: absolute media paths (inline bytes, a tar's
+    members included, as data URIs), kept fields, and only the failed modalities' fields. A row of a
     manifest keeps its own fields; a sample of a tar shard or a folder becomes a JSONL row under the
-    keys `--id-key`/`--image-key`/`--text-key` name (`id`, `image`, `text` by default). Invalid
-    lines are skipped."""
+    keys `--id-key`/`--image-key`/`--text-key`/`--audio-key`/`--video-key` name (`id`, `image`,
+    `text`, `audio`, `video` by default). Invalid lines are skipped."""
     from .config import ManifestConfig
     from .readers.validate import keys_for
 
     run = OutDir(out).read_run_meta()
     given = ((run if isinstance(run, dict) else {}).get("config") or {}).get("manifest") or {}
     cfg = ManifestConfig(id_key=given.get("id_key"), image_key=given.get("image_key"),
-                         text_key=given.get("text_key"), keep=tuple(given.get("keep") or ()))
+                         text_key=given.get("text_key"), audio_key=given.get("audio_key"),
+                         video_key=given.get("video_key"), keep=tuple(given.get("keep") or ()))
     by_row: dict[tuple[str, int], tuple[set[str], Any]] = {}
     for r in rows:
         if r.get("modality") is None or r.get("manifest") in (None, "") or r.get("offset") is None:
@@ -285,18 +286,21 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
         fmt = source_format(manifest)
         keys = keys_for(fmt, cfg)
         raw = dict(read_raw_row(manifest, offset, id=row_id))
-        image_key = next((k for k in keys.image if raw.get(k) is not None), keys.image[0])
+        found = {m: next((k for k in cands if raw.get(k) is not None), cands[0]) for m, cands in keys.media}
         base = manifest if fmt in ("folder", "i2d-files") else os.path.dirname(os.path.abspath(manifest))
         if fmt in _REWRITTEN:
+            named = {"image": cfg.image_key, "audio": cfg.audio_key, "video": cfg.video_key}
+            written = {m: named[m] or m for m in found}
             raw = {cfg.id_key or "id": row_id, **{k: raw.get(k) for k in keys.keep},
-                   cfg.image_key or "image": raw.get(image_key), cfg.text_key or "text": raw.get(keys.text)}
-            image_key, text_key, id_key = cfg.image_key or "image", cfg.text_key or "text", cfg.id_key or "id"
+                   **{written[m]: raw.get(k) for m, k in found.items()}, cfg.text_key or "text": raw.get(keys.text)}
+            found, text_key, id_key = written, cfg.text_key or "text", cfg.id_key or "id"
         else:
             text_key, id_key = keys.text, keys.id
-        if "image" not in modalities:
-            raw.pop(image_key, None)
-        else:
-            raw[image_key] = _absolute_image(raw.get(image_key), base)
+        for modality, key in found.items():
+            if modality not in modalities:
+                raw.pop(key, None)
+            else:
+                raw[key] = _absolute_media(raw.get(key), base)
         if "text" not in modalities:
             raw.pop(text_key, None)
         if isinstance(raw.get(id_key), int):
@@ -304,7 +308,7 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
         yield {k: _jsonable(v) for k, v in raw.items() if v is not None or fmt not in _REWRITTEN}
 
 
-def _absolute_image(value: Any, base: str) -> Any:
+def _absolute_media(value: Any, base: str) -> Any:
     if isinstance(value, dict):  # Hugging Face {bytes, path}
         value = value.get("bytes") or value.get("path")
     if isinstance(value, (bytes, bytearray)):

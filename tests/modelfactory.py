@@ -142,3 +142,25 @@ def make_tiny_st(path: str | os.PathLike, normalize: bool = True, pooling: str =
                         "type": "sentence_transformers.models.Normalize"})
     (out / "modules.json").write_text(json.dumps(modules, indent=1))
     return out
+
+
+#: the tiny CLAP's feature extractor: 16 kHz, a 2 s window, 16 mel bins (the released models:
+#: 48 kHz, 10 s, 64 bins); `fusion` builds the fusion variant (`enable_fusion`, extractor "fusion")
+CLAP_RATE, CLAP_WINDOW_S = 16000, 2
+
+
+def make_tiny_clap(path: str | os.PathLike, fusion: bool = False) -> Path:
+    """A CLAP with audio (HTSAT, 2 stages) and text towers, projection 16, and its feature extractor."""
+    from transformers import ClapConfig, ClapFeatureExtractor, ClapModel
+
+    audio = dict(hidden_size=32, num_mel_bins=16, spec_size=64, patch_size=4, window_size=4, depths=[1, 1],
+                 num_attention_heads=[2, 2], patch_embeds_hidden_size=16, projection_dim=16,
+                 enable_fusion=fusion, patch_stride=(4, 4))
+    text = dict(TINY, vocab_size=len(VOCAB), max_position_embeddings=40, pad_token_id=PAD_ID,
+                bos_token_id=CLS_ID, eos_token_id=SEP_ID, projection_dim=16)
+    config = ClapConfig(text_config=text, audio_config=audio, projection_dim=16)
+    model = _seeded(lambda: ClapModel(config))
+    extractor = ClapFeatureExtractor(feature_size=16, sampling_rate=CLAP_RATE, hop_length=160,
+                                     max_length_s=CLAP_WINDOW_S, fft_window_size=400, frequency_max=8000,
+                                     truncation="fusion" if fusion else "rand_trunc", padding="repeatpad")
+    return _save(path, model, extractor, make_tokenizer(32))

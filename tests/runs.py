@@ -11,6 +11,7 @@ import numpy as np
 from mmenc_cli.config import BatchConfig, ManifestConfig, MediaConfig, ModelConfig, RunConfig, WriterConfig
 from mmenc_cli.outdir import OutDir
 from mmenc_cli.reader import read_embeddings
+from mmenc_cli.records import MODALITIES
 
 
 def make_cfg(manifests: list[Path], out: Path, **kw: Any) -> RunConfig:
@@ -34,7 +35,7 @@ def error_rows(out: Path) -> list[dict[str, Any]]:
 def embeddings(out: Path) -> dict[tuple[str, str], np.ndarray]:
     """(id, modality) -> vector, asserting no (id, modality) appears twice."""
     got: dict[tuple[str, str], np.ndarray] = {}
-    for modality in ("image", "text"):
+    for modality in MODALITIES:
         ids, mat = read_embeddings(out, modality)
         for i, v in zip(ids, mat):
             assert (i, modality) not in got, f"duplicate {(i, modality)}"

@@ -11,6 +11,7 @@ from typing import Annotated, Any, List, Optional
 
 import typer
 
+from ..config import DEFAULT_MAX_BYTES
 from ..errors import ExitCode
 from ..run.stopping import request_stop
 from .exits import fail, fatal_errors
@@ -91,10 +92,12 @@ def build_config(o: dict[str, Any]) -> Any:
         model=ModelConfig(**pick("model", "revision", "pooling", "device", "dtype", "normalize", "text_prefix",
                                  "max_length", "trust_remote_code", "allow_pickle_weights", "compile", "cpu_forward")),
         writer=WriterConfig(out=str(o["out"]), **pick("format", "out_dtype", "shard_size")),
-        manifest=ManifestConfig(keep=tuple(o["keep"] or ()), **pick("id_key", "image_key", "text_key", "limit",
+        manifest=ManifestConfig(keep=tuple(o["keep"] or ()), **pick("id_key", "image_key", "text_key", "audio_key",
+                                                                    "video_key", "limit",
                                                                     "csv_multiline", "max_row_bytes")),
         media=MediaConfig(**pick("max_image_pixels", "max_file_bytes", "fetch_timeout", "fetch_retries",
-                                 "decode_timeout", "decode")),
+                                 "decode_timeout", "decode", "max_audio_bytes", "max_video_bytes",
+                                 "max_audio_seconds", "max_video_seconds", "frames", "fps")),
         batch=BatchConfig(**pick("batch_size", "max_batch_tokens", "workers")),
         modalities=mods, task_index=index, task_count=count,
         **pick("max_errors", "max_error_rate", "fail_fast", "overwrite", "wait_lock"))
@@ -125,10 +128,12 @@ def encode(
     out: OutOpt,
     model: ModelOpt = None,
     revision: Annotated[Optional[str], typer.Option(help="Model revision (hub branch, tag or commit).")] = None,
-    modality: Annotated[Optional[str], typer.Option(help="image, text or image,text (default: all the model supports).")] = None,
+    modality: Annotated[Optional[str], typer.Option(help="A comma list of image, text, audio, video (default: all the model supports).")] = None,
     id_key: Annotated[Optional[str], typer.Option(help="Key of the id [default: per input: id; a tar sample's key; a folder's relative path].", show_default=False)] = None,
     image_key: Annotated[Optional[str], typer.Option(help="Key of the image [default: per input: image; a tar's jpg, jpeg, png or webp].", show_default=False)] = None,
     text_key: Annotated[Optional[str], typer.Option(help="Key of the text [default: per input: text; a tar's txt; a folder's .txt].", show_default=False)] = None,
+    audio_key: Annotated[Optional[str], typer.Option(help="Key of the audio clip [default: per input: audio; a tar's flac, wav, mp3, opus, ogg or m4a].", show_default=False)] = None,
+    video_key: Annotated[Optional[str], typer.Option(help="Key of the video clip [default: per input: video; a tar's mp4, webm, mkv or mov].", show_default=False)] = None,
     keep: Annotated[Optional[List[str]], typer.Option(help="Copy this manifest field onto every output row (repeatable).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Encode only the first N rows (of this task's slice).")] = None,
     csv_multiline: Annotated[bool, typer.Option("--csv-multiline", help="CSV quoted fields span lines: split tasks by parsing from the top (exact, slower).")] = False,
@@ -152,6 +157,19 @@ def encode(
     shard_size: Annotated[int, typer.Option(help="Rows per shard.")] = 10_000,
     max_image_pixels: Annotated[int, typer.Option(help="Larger images fail with 413.")] = 89_478_485,
     max_file_bytes: Annotated[int, typer.Option(help="Larger files fail with 413.")] = 64 * 1024 * 1024,
+    max_audio_bytes: Annotated[int, typer.Option(help="Larger audio files fail with 413.")] = DEFAULT_MAX_BYTES["audio"],
+    max_video_bytes: Annotated[int, typer.Option(help="Larger video files fail with 413 (a local one is read only "
+                                                      "where its frames are).")] = DEFAULT_MAX_BYTES["video"],
+    max_audio_seconds: Annotated[Optional[float], typer.Option(help="Longer audio is cut to its first N seconds "
+                                                               "(counted as truncated), never more than the "
+                                                               "model's window [default: the window, CLAP 10 s]", show_default=False)] = None,
+    max_video_seconds: Annotated[float, typer.Option(help="Frames are sampled from the first N seconds of a video "
+                                                          "(longer ones counted as truncated).")] = 3600.0,
+    frames: Annotated[Optional[int], typer.Option(help="Frames sampled uniformly from each video clip (with --fps: "
+                                                  "at most this many) [default: 8; with --fps 64]",
+                                                  show_default=False)] = None,
+    fps: Annotated[Optional[float], typer.Option(help="Sample video frames at this rate instead (at most --frames "
+                                                 "of them, spread uniformly when more).", show_default=False)] = None,
     fetch_timeout: Annotated[float, typer.Option(help="Seconds per HTTP attempt.")] = 20.0,
     fetch_retries: Annotated[int, typer.Option(help="HTTP retries with back-off.")] = 3,
     decode_timeout: Annotated[float, typer.Option(help="Seconds to read, decode and preprocess one image "

@@ -8,6 +8,7 @@ that load a model. Families are tried in `FAMILIES` order; each names its loader
   optional Normalize): text only (`sentence.py`).
 * `qwen2-vl`: Qwen2-VL / Qwen2.5-VL vision towers, token-level or mean-pooled (`qwen_vl.py`).
 * `clip`: CLIP, SigLIP, SigLIP 2: image and text, projected pooled embeddings (`clip.py`).
+* `clap`: CLAP: audio and text, projected pooled embeddings (`clap.py`).
 * `vision`: image-only backbones (ViT, DINOv2, ...) with `auto`/`cls`/`mean` pooling (`vision.py`).
 
 Models other libraries build are named for them (`libraries.split_model`): OpenCLIP
@@ -66,6 +67,7 @@ FAMILIES: list[Family] = [
     Family("qwen2-vl", lambda p: p.model_type in ("qwen2_vl", "qwen2_5_vl"), ".qwen_vl:load",
            frozenset({"tokens", "mean"})),
     Family("clip", lambda p: p.model_type in DUAL_TOWER_TYPES, ".clip:load", frozenset({"auto"})),
+    Family("clap", lambda p: p.model_type == "clap", ".clap:load", frozenset({"auto"})),
     Family("vision", _is_vision_backbone, ".vision:load", frozenset({"auto", "cls", "mean"})),
 ]
 
@@ -100,7 +102,7 @@ def load_encoder(cfg: "ModelConfig", device: str | None = None) -> Encoder:
     family = next((f for f in FAMILIES if f.matches(probe)), None)
     if family is None:
         raise ModelLoadError(
-            f"unsupported model {cfg.model!r} (model_type {probe.model_type!r}): mmenc encodes CLIP/SigLIP, "
+            f"unsupported model {cfg.model!r} (model_type {probe.model_type!r}): mmenc encodes CLIP/SigLIP, CLAP, "
             "image backbones (ViT, DINOv2, ...), sentence-transformers models, and OpenCLIP and timm "
             "models (open_clip:NAME, timm:NAME)")
     return _load(family.loader, family.poolings, family.name, cfg, device, probe)

@@ -4,9 +4,12 @@ The pipeline never sees model internals. Per modality it needs:
 
 * for images, a picklable `ImagePreprocessor` that turns a decoded RGB PIL image into a compact
   `ImageInput` inside a worker process (uint8 pixels where the processor allows), and
-* an `Encoder.encode(modality, payloads)` that takes a list of `ImageInput` (images) or `str`
-  (texts, prefix already applied) and returns one float32 vector per payload (pooled modes) or
-  one `[tokens, dim]` tensor per payload (`--pooling tokens`).
+* for audio, a picklable `AudioPreprocessor` that turns mono samples at its rate into an
+  `AudioInput` (the model's feature extractor, in the worker);
+* for video, the image preprocessor applied to each sampled frame: a `VideoInput` of frames;
+* an `Encoder.encode(modality, payloads)` that takes a list of `ImageInput` (images),
+  `AudioInput`, `VideoInput` or `str` (texts, prefix already applied) and returns one float32
+  vector per payload (pooled modes) or one `[tokens, dim]` tensor per payload (`--pooling tokens`).
 
 `encode` is called on any sub-list of a batch: the batching stage bisects failed batches. Every
 capability the run uses is declared on `Encoder`, the base class all adapters derive from.
@@ -57,6 +60,38 @@ class ImagePreprocessor(ABC):
 
 
 @dataclass(slots=True)
+class AudioInput:
+    """What a worker ships for one audio clip: the model's input features for it (the feature
+    extractor's arrays without the batch axis, e.g. CLAP's `input_features` and `is_longer`);
+    `meta["cut"]` when the clip was longer than the limit and cut."""
+
+    features: dict[str, "np.ndarray"]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class AudioPreprocessor(ABC):
+    """Runs in worker processes: mono float32 samples at `sample_rate` -> `AudioInput`. Picklable.
+
+    `window_seconds`: the longest clip the model takes in one window (None: no limit); longer
+    clips are cut to it before they get here, so the feature extractor never crops at random."""
+
+    sample_rate: int
+    window_seconds: float | None = None
+
+    @abstractmethod
+    def __call__(self, samples: "np.ndarray") -> AudioInput: ...
+
+
+@dataclass(slots=True)
+class VideoInput:
+    """What a worker ships for one video clip: each sampled frame preprocessed as an image;
+    `meta["cut"]` when the clip was longer than --max-video-seconds."""
+
+    frames: list[ImageInput]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class EncodeOutput:
     """The result of encoding one sub-batch.
 
@@ -76,7 +111,7 @@ class Encoder(ABC):
     ones it has. The run code calls nothing else.
     """
 
-    #: modalities this model can encode: a subset of {"image", "text"}
+    #: modalities this model can encode: a subset of {"image", "text", "audio", "video"}
     modalities: frozenset[str]
     #: embedding dimension
     dim: int
@@ -90,15 +125,22 @@ class Encoder(ABC):
     device: str = "cpu"
     #: texts longer than this many characters are cut before tokenizing (None: no cut)
     max_text_chars: int | None = None
+    #: frames sampled from a video clip unless --frames says (None: `config.DEFAULT_FRAMES`)
+    default_frames: int | None = None
 
     @abstractmethod
     def image_preprocessor(self) -> ImagePreprocessor:
         """A picklable callable for worker processes (raise when images are not offered)."""
 
+    def audio_preprocessor(self) -> AudioPreprocessor:
+        """A picklable callable for worker processes (raise when audio is not offered)."""
+        raise ValueError(f"{self.info.get('model')}: this model does not encode audio")
+
     @abstractmethod
     def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
         """Encode a non-empty list of payloads of one modality under `torch.inference_mode()`:
-        `ImageInput`s, or texts (strings, or what `text_pretokenizer` made of them)."""
+        `ImageInput`s, `AudioInput`s, `VideoInput`s, or texts (strings, or what
+        `text_pretokenizer` made of them)."""
 
     def check_outputs(self, modality: str, payloads: Sequence[Any],
                       vectors: Sequence["np.ndarray"]) -> list[MMError | None] | None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from .base import AudioPreprocessor
 from .device import to_device
 from .forward import Inputs
 from .loading import ModelProbe
@@ -76,7 +77,8 @@ class HFEncoder(TorchEncoder):
     def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, model: Any, *,
                  tokenizer: Any = None, image_processor: Any = None, max_length: int | None = None,
                  pad_to_max_length: bool = False, lowercase: bool = False, default_normalize: bool,
-                 pooling: str, unavailable: dict[str, str] | None = None) -> None:
+                 pooling: str, unavailable: dict[str, str] | None = None,
+                 audio: AudioPreprocessor | None = None) -> None:
         self._tokenizer = tokenizer
         self.max_text_chars = None if max_length is None else max_length * CHARS_PER_TOKEN
         self._padding = "max_length" if pad_to_max_length else True
@@ -84,7 +86,7 @@ class HFEncoder(TorchEncoder):
         super().__init__(probe, cfg, device, model,
                          images=None if image_processor is None else plan_image_input(image_processor),
                          text=tokenizer is not None, default_normalize=default_normalize, pooling=pooling,
-                         max_length=max_length, unavailable=unavailable)
+                         max_length=max_length, unavailable=unavailable, audio=audio)
 
     def text_pretokenizer(self, other_thread: bool) -> Callable[[Sequence[str]], list["TokenizedText"]] | None:
         """`pretokenize`; on a copy of the tokenizer for `other_thread` (a fast tokenizer's

@@ -153,12 +153,13 @@ def load_model(probe: ModelProbe, cfg: "ModelConfig", device: str, dtype: "torch
 
 def load_part(kind: str, probe: ModelProbe, cfg: "ModelConfig",
               subfolder: str = "") -> tuple[Any, str | None]:
-    """The model's tokenizer (`kind="text"`) or image processor (`kind="image"`), or (None, why).
+    """The model's tokenizer (`kind="text"`), image processor (`kind="image"`) or audio feature
+    extractor (`kind="audio"`), or (None, why).
 
     Image processors are loaded with the PIL backend: it is transformers' reference
     implementation, identical with or without torchvision, and the one the uint8 path reproduces.
     """
-    from transformers import AutoImageProcessor, AutoTokenizer
+    from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
 
     kwargs = hub_kwargs(probe, cfg, subfolder)
     if kind == "text" and not any(fetch_file(probe.source, name, cfg.revision, subfolder)
@@ -168,12 +169,15 @@ def load_part(kind: str, probe: ModelProbe, cfg: "ModelConfig",
     try:
         if kind == "text":
             return AutoTokenizer.from_pretrained(probe.source, **kwargs), None
+        if kind == "audio":
+            return AutoFeatureExtractor.from_pretrained(probe.source, **kwargs), None
         try:
             return AutoImageProcessor.from_pretrained(probe.source, backend="pil", **kwargs), None
         except TypeError:  # remote-code processors that do not take `backend`
             return AutoImageProcessor.from_pretrained(probe.source, **kwargs), None
     except Exception as exc:  # absent files or unusable processor: the modality is unavailable
-        return None, f"no usable {'tokenizer' if kind == 'text' else 'image processor'}: {first_line(exc)}"
+        what = {"text": "tokenizer", "image": "image processor", "audio": "audio feature extractor"}[kind]
+        return None, f"no usable {what}: {first_line(exc)}"
 
 
 def text_limit(tokenizer: Any, config: Any, declared: int | None, requested: int | None) -> int:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..errors import ModelLoadError, first_line
-from .base import EncodeOutput, Encoder, ImageInput, ImagePreprocessor
+from .base import AudioPreprocessor, EncodeOutput, Encoder, ImageInput, ImagePreprocessor
 from .cpu import make_forward
+from .clips import collate_audio, mean_of_frames
 from .device import stack_to_device, to_device
 from .forward import CompiledOrEager, Inputs
 from .loading import ModelProbe
@@ -36,9 +37,11 @@ class TorchEncoder(Encoder):
     """Shared body of the adapters around one `torch.nn.Module`.
 
     Subclasses set `family`, `towers` (the modalities they embed) and `library`, implement
-    `_embed_image(inputs)` and/or `_embed_text(inputs)` returning `[n, dim]` tensors, and
-    `tokenize(texts)` for text; a modality is offered when its tower exists and its image plan or
-    tokenizer is there. Everything a subclass needs for `tokenize` is set before this __init__.
+    `_embed_image(inputs)`, `_embed_text(inputs)` and/or `_embed_audio(inputs)` returning
+    `[n, dim]` tensors, and `tokenize(texts)` for text; a modality is offered when its tower
+    exists and its image plan, tokenizer or audio preprocessor is there. A model that embeds
+    images also embeds video: the mean of its sampled frames' embeddings (`clips.py`).
+    Everything a subclass needs for `tokenize` is set before this __init__.
     """
 
     family = "torch"
@@ -48,7 +51,8 @@ class TorchEncoder(Encoder):
 
     def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, model: Any, *,
                  images: ImagePlan | None, text: bool, default_normalize: bool, pooling: str,
-                 max_length: int | None = None, unavailable: dict[str, str] | None = None) -> None:
+                 max_length: int | None = None, unavailable: dict[str, str] | None = None,
+                 audio: AudioPreprocessor | None = None) -> None:
         self.model, self.device = model, device
         self.dtype = next(model.parameters()).dtype
         self.forward = make_forward(cfg.cpu_forward, model, device, cfg.compile)
@@ -58,14 +62,16 @@ class TorchEncoder(Encoder):
         self._table = None
         if images is not None:
             self._use_images(*images)
-        offered = {"image": self._prep is not None, "text": text}
-        self.modalities = frozenset(m for m in self.towers if offered[m])
+        self._audio = audio
+        offered = {"image": self._prep is not None, "text": text, "audio": audio is not None}
+        embedded = {m for m in self.towers if offered[m]}
+        self.modalities = frozenset(embedded | ({"video"} if "image" in embedded else set()))
         if not self.modalities:
             reasons = "; ".join((unavailable or {}).values())
             raise ModelLoadError(f"{probe.source}: no usable modality ({reasons})")
         self.info: dict[str, Any] = self._facts(probe, cfg, pooling, unavailable)
         self._run: dict[str, Callable[[Inputs], "torch.Tensor"]] = {
-            m: getattr(self, f"_embed_{m}") for m in self.modalities}
+            m: getattr(self, f"_embed_{m}") for m in embedded}
         self.dim = self._probe_dim()
         if cfg.compile:
             self._run = {m: CompiledOrEager(fn, f"{self.family} {m}") for m, fn in self._run.items()}
@@ -108,6 +114,9 @@ class TorchEncoder(Encoder):
     def _embed_text(self, inputs: Inputs) -> "torch.Tensor":
         raise NotImplementedError
 
+    def _embed_audio(self, inputs: Inputs) -> "torch.Tensor":
+        raise NotImplementedError
+
     def tokenize(self, texts: Sequence[Any]) -> tuple[Inputs, list[bool]]:
         """Texts as model inputs on the device, and which texts the model's limit cut."""
         raise NotImplementedError
@@ -120,6 +129,12 @@ class TorchEncoder(Encoder):
             raise ValueError(f"{self.info['model']}: this model does not encode images")
         return self._prep
 
+    def audio_preprocessor(self) -> AudioPreprocessor:
+        """The picklable worker-side feature extractor of audio clips."""
+        if self._audio is None:
+            raise ValueError(f"{self.info['model']}: this model does not encode audio")
+        return self._audio
+
     def image_device_decoder(self) -> Any:
         """`--decode gpu` for the uint8 resize-and-crop path (CLIP, SigLIP, ViT, OpenCLIP, timm);
         None for a processor that runs whole in the workers."""
@@ -131,9 +146,12 @@ class TorchEncoder(Encoder):
         return DeviceJpegDecoder(self._prep, self.device)
 
     def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
-        """Encode images (`ImageInput`s) or texts; float32 vectors, left on the device."""
+        """Encode images (`ImageInput`s), audio (`AudioInput`s), video (`VideoInput`s: the mean of
+        the frames' image embeddings) or texts; float32 vectors, left on the device."""
         if modality not in self.modalities:
             raise ValueError(f"this model does not encode {modality!r}")
+        if modality == "video":
+            return mean_of_frames(lambda frames: self.encode("image", frames), payloads)
         vectors, truncated = self.forward.run(payloads, functools.partial(self._inputs, modality),
                                               self._run[modality])
         return EncodeOutput(vectors, truncated)
@@ -149,6 +167,8 @@ class TorchEncoder(Encoder):
     def _inputs(self, modality: str, payloads: Sequence[Any]) -> tuple[Inputs, list[bool]]:
         if modality == "image":
             return self.collate_images(payloads), []
+        if modality == "audio":
+            return collate_audio(payloads, self.device, self.dtype), []
         return self.tokenize(payloads)
 
     def collate_images(self, items: Sequence[ImageInput]) -> Inputs:
@@ -180,8 +200,13 @@ class TorchEncoder(Encoder):
         from PIL import Image
 
         dims = {}
-        for modality in sorted(self.modalities):
-            dummy = self._prep(Image.new("RGB", (48, 40), (120, 90, 60))) if modality == "image" else "mmenc"
+        for modality in sorted(self._run):
+            if modality == "image":
+                dummy: Any = self._prep(Image.new("RGB", (48, 40), (120, 90, 60)))  # type: ignore[misc]
+            elif modality == "audio":
+                dummy = self._audio(np.zeros(self._audio.sample_rate, dtype=np.float32))  # type: ignore[misc]
+            else:
+                dummy = "mmenc"
             try:
                 vectors = self.encode(modality, [dummy]).vectors
             except ModelLoadError:
@@ -194,7 +219,7 @@ class TorchEncoder(Encoder):
                                      f"{tuple(vectors.shape)}, expected (1, dim)")
             dims[modality] = int(vectors.shape[1])
         if len(set(dims.values())) > 1:
-            raise ModelLoadError(f"{self.info['model']}: image and text dimensions differ: {dims}")
+            raise ModelLoadError(f"{self.info['model']}: the towers' dimensions differ: {dims}")
         return next(iter(dims.values()))
 
 

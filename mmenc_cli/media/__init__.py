@@ -1,7 +1,9 @@
-"""Loading one image from a manifest's `image` value, inside a decode worker process.
+"""Loading one image, audio or video clip from a manifest's value, inside a decode worker process.
 
 Modules: `sources.py` gets the bytes of a path, `file://` URL, data URI or inline bytes;
-`http.py` fetches `http(s)://` with retries; `decode.py` turns bytes into RGB pixels (Pillow).
+`http.py` fetches `http(s)://` with retries; `decode.py` turns bytes into RGB pixels (Pillow);
+`clips.py` opens audio and video with PyAV, `audio.py` decodes samples, `video.py` samples frames.
+Audio and video on a local path are opened where they lie (`load_clip`), not read into memory.
 
 Sources: a local path (relative paths resolve against the manifest's folder, `~` is expanded),
 `file://` and `http(s)://` URLs (stdlib urllib, retried with back-off), `data:` URIs and raw bytes
@@ -41,12 +43,13 @@ from .sources import (
     data_uri_bytes,
     describe_source,
     file_url_path,
+    check_file,
     guard,
     load_error,
     read_file,
 )
 
-__all__ = ["configure_pillow", "describe_source", "load_encoded", "load_image"]
+__all__ = ["configure_pillow", "describe_source", "load_clip", "load_encoded", "load_image"]
 
 
 def load_image(source: Source, base_dir: str, cfg: MediaConfig, *,
@@ -64,6 +67,26 @@ def load_encoded(source: Source, base_dir: str, cfg: MediaConfig, *,
                  backoff: float | None = None) -> tuple[bytes, str | None]:
     """The encoded bytes of one image and their declared media type; failures as in `load_image`."""
     return guard("load", load_bytes, source, base_dir, cfg, http.BACKOFF_BASE_S if backoff is None else backoff)
+
+
+def load_clip(source: Source, base_dir: str, cfg: MediaConfig, *, backoff: float | None = None) -> str | bytes:
+    """An audio or video clip for PyAV: the checked path of a local file (opened where it lies, so
+    only what is decoded is read), else its bytes. Failures as in `load_image`, stage "load"."""
+    path = guard("load", _local_path, source, base_dir)
+    if path is None:
+        return load_encoded(source, base_dir, cfg, backoff=backoff)[0]
+    guard("load", check_file, path, cfg)
+    return path
+
+
+def _local_path(source: Source, base_dir: str) -> str | None:
+    """The local file a source names (a path or a file:// URL), None for anything else."""
+    if not isinstance(source, str) or not source.strip() or source[:5].lower() == "data:":
+        return None
+    match = SCHEME.match(source)
+    if match is None:
+        return None if SCHEME.match(base_dir) else os.path.join(base_dir, os.path.expanduser(source))
+    return file_url_path(source) if match.group(1).lower() == "file" else None
 
 
 def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,

@@ -7,13 +7,14 @@ source is shown in the error report (`describe_source`: passwords masked, data U
 from __future__ import annotations
 
 import base64
+import contextlib
 import binascii
 import errno
 import os
 import re
 import stat
 import urllib.parse
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from ..config import MediaConfig
 from ..errors import MMError, classify, trim_message
@@ -75,7 +76,9 @@ def exc_name(exc: BaseException) -> str:
 def check_size(size: int, cfg: MediaConfig, what: str) -> None:
     """Refuse a payload over --max-file-bytes before (or while) reading it."""
     if size > cfg.max_file_bytes:
-        raise load_error(f"{what} is larger than --max-file-bytes ({size} > {cfg.max_file_bytes})",
+        option = {cfg.max_audio_bytes: "--max-audio-bytes", cfg.max_video_bytes: "--max-video-bytes"}.get(
+            cfg.max_file_bytes, "--max-file-bytes")
+        raise load_error(f"{what} is larger than {option} ({size} > {cfg.max_file_bytes})",
                          "media.file_too_large")
 
 
@@ -100,23 +103,39 @@ _ERRNO_REASONS = {
 
 def read_file(path: str, cfg: MediaConfig) -> bytes:
     """Read a local file, checking type and size before reading a byte."""
-    try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            raise load_error(f"{path} is a directory, not an image file", "media.is_directory")
-        if not stat.S_ISREG(st.st_mode):  # a FIFO would block, /dev/zero never ends
-            raise load_error(f"{path} is not a regular file", "media.invalid_source")
-        check_size(st.st_size, cfg, path)
+    with _file_errors(path):
+        check_file(path, cfg)
         with open(path, "rb") as fh:
             data = fh.read(cfg.max_file_bytes + 1)  # +1: a file that grew since stat still fails
+    return check_payload(data, cfg, path)
+
+
+def check_file(path: str, cfg: MediaConfig) -> None:
+    """A local file that may be read: it exists, is a regular file, is not empty and not over the
+    size limit (media that is opened where it lies, not read into memory, is checked by this alone)."""
+    with _file_errors(path):
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise load_error(f"{path} is a directory, not a media file", "media.is_directory")
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block, /dev/zero never ends
+            raise load_error(f"{path} is not a regular file", "media.invalid_source")
+        if st.st_size == 0:
+            raise load_error(f"{path} is empty", "media.empty")
+        check_size(st.st_size, cfg, path)
+
+
+@contextlib.contextmanager
+def _file_errors(path: str) -> Iterator[None]:
+    """A local file's OSError or ValueError as the load error it means."""
+    try:
+        yield
     except OSError as exc:
         reason = _ERRNO_REASONS.get(exc.errno or 0)
         if reason is None:
             raise classify(exc, "load") from exc
-        raise load_error(f"cannot read image file: {exc}", reason, exc) from exc
+        raise load_error(f"cannot read media file: {exc}", reason, exc) from exc
     except ValueError as exc:  # e.g. "embedded null byte"
         raise load_error(f"invalid path {path!r}: {exc}", "media.invalid_source", exc) from exc
-    return check_payload(data, cfg, path)
 
 
 def file_url_path(url: str) -> str:
@@ -132,7 +151,8 @@ def file_url_path(url: str) -> str:
 
 
 def data_uri_bytes(uri: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
-    """Decode `data:[<media type>][;base64],<data>`; only image/* (or an untyped payload)."""
+    """Decode `data:[<media type>][;base64],<data>`; only image/*, audio/*, video/* (or an untyped
+    payload: the decoder tells by content)."""
     header, comma, payload = uri[5:].partition(",")
     if not comma:
         raise load_error("malformed data URI: no ',' between header and data", "media.bad_data_uri")
@@ -143,8 +163,9 @@ def data_uri_bytes(uri: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
         raise load_error(f"malformed data URI: media type {params[0]!r} is not type/subtype",
                          "media.bad_data_uri")
     # An untyped or octet-stream payload is sniffed by Pillow: many producers write data:;base64,
-    if media_type and not media_type.startswith("image/") and media_type != "application/octet-stream":
-        raise load_error(f"data URI media type {media_type} is not an image",
+    if media_type and not media_type.startswith(("image/", "audio/", "video/")) \
+            and media_type != "application/octet-stream":
+        raise load_error(f"data URI media type {media_type} is not an image, audio or video",
                          "media.unsupported_format")
     if not payload.strip():
         raise load_error("data URI has no data", "media.empty")

@@ -1,9 +1,9 @@
 """A folder of files as a manifest: `mmenc encode photos/`.
 
-Image files are found recursively, in sorted order (by name, folder by folder), by extension
-(`IMAGE_SUFFIXES`); symlinks are followed once (a link back to a folder already walked is
+Image, audio and video files are found recursively, in sorted order (by name, folder by folder),
+by extension (`SUFFIXES`); symlinks are followed once (a link back to a folder already walked is
 skipped); hidden files and folders (a name starting with `.`) are skipped. A sample's id is its
-path relative to the folder; a `.txt` file beside an image with the same stem is its text (the
+path relative to the folder; a `.txt` file beside a media file with the same stem is its text (the
 layout clip-retrieval's `files` input and img2dataset's `files` output use), and a `.json` beside
 it supplies fields for `--keep`. The walk is a stream: nothing but the current folder's listing
 is held.
@@ -23,10 +23,20 @@ from .lines import Raw, row_too_large
 
 #: image files a folder manifest picks up (lower-cased suffixes)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+#: the media files a folder manifest picks up, by medium
+SUFFIXES = {"image": IMAGE_SUFFIXES, "audio": (".wav", ".flac", ".mp3", ".opus", ".ogg", ".m4a"),
+            "video": (".mp4", ".webm", ".mkv", ".mov")}
+_ALL_SUFFIXES = tuple(suffix for group in SUFFIXES.values() for suffix in group)
+
+
+def medium_of(name: str) -> str:
+    """The medium a media file's name says ("image" for anything else)."""
+    lower = name.lower()
+    return next((m for m, group in SUFFIXES.items() if lower.endswith(group)), "image")
 
 
 def walk(root: str) -> Iterator[tuple[str, dict[str, bool]]]:
-    """(relative path, {sibling name: is_dir}) of every image file under `root`, sorted, hidden
+    """(relative path, {sibling name: is_dir}) of every media file under `root`, sorted, hidden
     entries skipped, each real folder walked once."""
     seen: set[str] = set()
 
@@ -41,14 +51,14 @@ def walk(root: str) -> Iterator[tuple[str, dict[str, bool]]]:
             path = posixpath.join(rel, name) if rel else name
             if is_dir:
                 yield from visit(files.join(folder, name), path)
-            elif name.lower().endswith(IMAGE_SUFFIXES):
+            elif name.lower().endswith(_ALL_SUFFIXES):
                 yield path, names
 
     yield from visit(root, "")
 
 
 def folder_records(root: str, pick: tuple[int, int] | None, limit: int) -> Iterator[Raw]:
-    """One record per image file of this task's share (`pick` = (i, k): samples n % k == i)."""
+    """One record per media file of this task's share (`pick` = (i, k): samples n % k == i)."""
     for n, (rel, siblings) in enumerate(walk(root)):
         if pick is not None and n % pick[1] != pick[0]:
             continue
@@ -57,11 +67,11 @@ def folder_records(root: str, pick: tuple[int, int] | None, limit: int) -> Itera
 
 def sample(root: str, rel: str, limit: int,
            siblings: dict[str, bool] | None = None) -> tuple[dict[str, Any] | None, MMError | None]:
-    """The record of the image `rel` under `root`: its path, and the text and fields of the
+    """The record of the media file `rel` under `root`: its path, and the text and fields of the
     `.txt` and `.json` files beside it (each at most `limit` bytes, else the sample is a 413 row)."""
     stem = rel.rsplit(".", 1)[0]
     base = posixpath.basename(stem)
-    record: dict[str, Any] = {"__key__": rel, "__stem__": base, "__image__": rel}
+    record: dict[str, Any] = {"__key__": rel, "__stem__": base, f"__{medium_of(rel)}__": rel}
     try:
         if siblings is None or f"{base}.json" in siblings:
             fields = _read_sibling(root, stem + ".json", limit)

@@ -16,22 +16,32 @@ _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a strin
 
 #: the image members a WebDataset sample may hold, in the order the first present one is taken
 TAR_IMAGES = ("jpg", "jpeg", "png", "webp")
+#: the same for audio and video members (by extension, as folders pick them up)
+TAR_AUDIO = ("flac", "wav", "mp3", "opus", "ogg", "m4a")
+TAR_VIDEO = ("mp4", "webm", "mkv", "mov")
 
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Which record keys hold a row's id, image (the first present of the candidates), text and
-    kept fields, resolved for one input format (`keys_for`)."""
+    """Which record keys hold a row's id, image, audio and video (each the first present of its
+    candidates), text and kept fields, resolved for one input format (`keys_for`)."""
 
     id: str
     image: tuple[str, ...]
     text: str
     keep: tuple[str, ...] = ()
+    audio: tuple[str, ...] = ("audio",)
+    video: tuple[str, ...] = ("video",)
 
     @property
     def columns(self) -> tuple[str, ...]:
         """Every key a row may need, once each."""
-        return tuple(dict.fromkeys((self.id, *self.image, self.text, *self.keep)))
+        return tuple(dict.fromkeys((self.id, *self.image, self.text, *self.audio, *self.video, *self.keep)))
+
+    @property
+    def media(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(modality, candidate keys) of each medium."""
+        return ("image", self.image), ("audio", self.audio), ("video", self.video)
 
 
 def keys_for(fmt: str, cfg: ManifestConfig) -> Keys:
@@ -40,27 +50,32 @@ def keys_for(fmt: str, cfg: ManifestConfig) -> Keys:
     `txt` for WebDataset tars (and img2dataset's Parquet layout: `key`, those columns, `caption`);
     folders name their own (the relative path, the file, a .txt beside)."""
     keep = tuple(cfg.keep)
+
+    def given(key: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+        return (key,) if key else default
+
+    audio, video = given(cfg.audio_key, ("audio",)), given(cfg.video_key, ("video",))
     if fmt == "tar":
-        return Keys(cfg.id_key or "__key__", (cfg.image_key,) if cfg.image_key else TAR_IMAGES,
-                    cfg.text_key or "txt", keep)
+        return Keys(cfg.id_key or "__key__", given(cfg.image_key, TAR_IMAGES), cfg.text_key or "txt", keep,
+                    given(cfg.audio_key, TAR_AUDIO), given(cfg.video_key, TAR_VIDEO))
     if fmt in ("folder", "i2d-files"):  # img2dataset's files: the id is the key, the file's stem
         return Keys(cfg.id_key or ("__stem__" if fmt == "i2d-files" else "__key__"), ("__image__",), "__text__",
-                    keep)
+                    keep, ("__audio__",), ("__video__",))
     if fmt == "i2d-parquet":
-        return Keys(cfg.id_key or "key", (cfg.image_key,) if cfg.image_key else TAR_IMAGES, cfg.text_key or "caption",
-                    keep)
-    return Keys(cfg.id_key or "id", (cfg.image_key or "image",), cfg.text_key or "text", keep)
+        return Keys(cfg.id_key or "key", given(cfg.image_key, TAR_IMAGES), cfg.text_key or "caption", keep,
+                    audio, video)
+    return Keys(cfg.id_key or "id", given(cfg.image_key, ("image",)), cfg.text_key or "text", keep, audio, video)
 
 
 def check_columns(names: Sequence[str], path: str, keys: Keys) -> None:
-    """A header or schema without the id column, or without both the image and the text column,
-    would make every row invalid: a usage error (a wrong --id-key), not millions of error rows."""
+    """A header or schema without the id column, or without any image, text, audio or video
+    column, would make every row invalid: a usage error (a wrong --id-key), not millions of error rows."""
     if keys.id not in names:
         raise ManifestError(f'manifest {path} has no "{keys.id}" column '
                             f"(columns: {', '.join(names)})")
-    if not set(keys.image) & set(names) and keys.text not in names:
+    if not set(keys.image + keys.audio + keys.video) & set(names) and keys.text not in names:
         raise ManifestError(f'manifest {path} has neither an "{"/".join(keys.image)}" nor a '
-                            f"\"{keys.text}\" column (columns: {', '.join(names)})")
+                            f"\"{keys.text}\" column, nor audio or video (columns: {', '.join(names)})")
 
 
 def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | None,
@@ -81,22 +96,26 @@ def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | No
         return invalid(f'row has {what} "{keys.id}" field', "manifest.missing_id")
     if row_id is None:
         return invalid(f'"{keys.id}" must be a string or an integer, not {kind(raw_id)}', "manifest.invalid_type")
-    image_key = next((k for k in keys.image if record.get(k) is not None), keys.image[0])
-    bad = next((k for k in (keys.id, image_key, keys.text, *keys.keep) if not _utf8(record.get(k))), None)
+    found = {m: next((k for k in cands if record.get(k) is not None), cands[0]) for m, cands in keys.media}
+    bad = next((k for k in (keys.id, *found.values(), keys.text, *keys.keep) if not _utf8(record.get(k))), None)
     if bad is not None:
         return invalid(f'"{bad}" is not valid Unicode (a lone surrogate)', "manifest.invalid_type")
-    try:
-        image = _image_value(record.get(image_key))
-    except TypeError as exc:
-        return invalid(f'"{image_key}" must be a path, a URL or bytes, not {exc}', "manifest.invalid_type")
+    media: dict[str, str | bytes | None] = {}
+    for modality, key in found.items():
+        try:
+            media[modality] = _media_value(record.get(key))
+        except TypeError as exc:
+            return invalid(f'"{key}" must be a path, a URL or bytes, not {exc}', "manifest.invalid_type")
     text = record.get(keys.text)
     if text is not None and not isinstance(text, str):
         return invalid(f'"{keys.text}" must be a string, not {kind(text)}', "manifest.invalid_type")
-    if image is None and text is None:
-        return invalid(f'row has neither "{"/".join(keys.image)}" nor "{keys.text}"', "manifest.empty_row")
-    return ManifestRow(id=row_id, manifest=path, line=line, offset=offset, image=image, text=text,
+    if text is None and all(v is None for v in media.values()):
+        return invalid(f'row has neither "{"/".join(keys.image)}" nor "{keys.text}" (nor audio or video)',
+                       "manifest.empty_row")
+    return ManifestRow(id=row_id, manifest=path, line=line, offset=offset, image=media["image"], text=text,
                        keep={key: record.get(key) for key in keys.keep},
-                       base_dir=base_dir if base_dir is not None else os.path.dirname(path))
+                       base_dir=base_dir if base_dir is not None else os.path.dirname(path),
+                       audio=media["audio"], video=media["video"])
 
 
 def _utf8(value: Any) -> bool:
@@ -123,8 +142,8 @@ def _valid_id(record: dict[str, Any] | None, key: str) -> str | None:
     return value if value.strip() else None
 
 
-def _image_value(value: Any) -> str | bytes | None:
-    """The image as a str or bytes (None when absent or blank); the Hugging Face {bytes, path}
+def _media_value(value: Any) -> str | bytes | None:
+    """An image, audio or video value as a str or bytes (None when absent or blank); the Hugging Face {bytes, path}
     struct gives its bytes when present, else its path. TypeError names an unusable type."""
     if value is None:
         return None

@@ -1,8 +1,8 @@
-"""Loading and preprocessing images in worker processes, with bounded prefetch in completion order.
+"""Loading and preprocessing media in worker processes, with bounded prefetch in completion order.
 
-Workers (`decode_worker.py`) never touch torch or the GPU: they turn an image source into an
-`ImageInput` (compact uint8 pixels where the model's processor allows) or an `MMError`, and report
-seconds spent loading, decoding and preprocessing. The parent keeps at most `max_in_flight` items submitted,
+Workers (`decode_worker.py`) never touch the GPU: they turn an image, audio or video source into
+its payload (an image's compact uint8 pixels where the model's processor allows) or an `MMError`,
+and report seconds spent loading, decoding and preprocessing. A chunk holds items of one medium. The parent keeps at most `max_in_flight` items submitted,
 so memory stays bounded however large the manifest is, and takes results as they finish: a
 slow image (a URL at its timeout) never holds the images decoded after it.
 """
@@ -19,9 +19,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, Sequence
 
 from ..config import MediaConfig
-from ..encoders.base import ImagePreprocessor
 from ..errors import MMError
-from .decode_worker import Decoded, decode_chunk, init_worker, decode_one, item_deadline
+from .decode_worker import Decoded, Preprocessors, decode_chunk, decode_one, init_worker, item_deadline
 from .shm import SlotPool, shm_slots
 
 log = logging.getLogger("mmenc")
@@ -43,20 +42,22 @@ class DecodePool:
     `workers=0` decodes in the calling process (for tests and tiny runs).
     """
 
-    def __init__(self, preprocessor: ImagePreprocessor, media: MediaConfig, workers: int, max_in_flight: int,
+    def __init__(self, preprocessors: Preprocessors, media: MediaConfig, workers: int, max_in_flight: int,
                  stop: Any = None, slots: int = 0, idle: Callable[[], None] | None = None) -> None:
         self.stop = stop  # the run's stop Event: a pool broken while stopping drops its chunks (no error rows)
         self.idle = idle  # called before waiting for a result: the encode loop finishes its own work first
-        self.preprocessor = preprocessor
+        self.preprocessors = preprocessors
         self.media = media
         self.workers = workers
         self.max_in_flight = max(1, max_in_flight)
-        self._pending: collections.deque[tuple[Any, list, Any, Any]] = collections.deque()
+        self._pending: collections.deque[tuple[Any, list, Any, Any, str]] = collections.deque()
         self._finished: collections.deque[bool] = collections.deque()  # a chunk finished since the last look
         self._in_flight = 0
         self._ex: ProcessPoolExecutor | None = None
         #: shared-memory slots for `slots` images (in flight and waiting for their batch)
-        self.slots: SlotPool | None = shm_slots(slots, preprocessor.max_pixel_bytes()) if workers > 0 else None
+        image = preprocessors.image
+        self.slots: SlotPool | None = shm_slots(slots, image.max_pixel_bytes()) \
+            if workers > 0 and image is not None else None
         if workers > 0:
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"])
@@ -65,7 +66,7 @@ class DecodePool:
     def _executor(self) -> ProcessPoolExecutor:
         slots = (self.slots.name, self.slots.slot_bytes) if self.slots is not None else None
         return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"), initializer=init_worker,
-                                   initargs=(self.preprocessor, self.media, os.getpid(), slots))
+                                   initargs=(self.preprocessors, self.media, os.getpid(), slots))
 
     @property
     def in_flight(self) -> int:
@@ -76,20 +77,21 @@ class DecodePool:
         """True when no more items should be submitted before collecting results."""
         return self._in_flight >= self.max_in_flight
 
-    def submit(self, key: Any, sources: Sequence[tuple[str | bytes, str]], cpu_only: bool = False) -> None:
-        """Queue a chunk of (source, base_dir); `key` comes back with its results. `cpu_only`:
-        decoded on the CPU whatever `--decode` says (images the device decoder refused)."""
-        take = self.slots.acquire if self.slots is not None else lambda: None
+    def submit(self, key: Any, sources: Sequence[tuple[str | bytes, str]], cpu_only: bool = False,
+               modality: str = "image") -> None:
+        """Queue a chunk of (source, base_dir) of one medium; `key` comes back with its results.
+        `cpu_only`: decoded on the CPU whatever `--decode` says (images the device decoder refused)."""
+        take = self.slots.acquire if self.slots is not None and modality == "image" else lambda: None
         chunk = [(src, base, take(), cpu_only) for src, base in sources]
         if self._ex is None:
-            fut: Any = _Done([decode_one(s, b, self.preprocessor, self.media, c) for s, b, _, c in chunk])
+            fut: Any = _Done([decode_one(s, b, self.preprocessors, self.media, c, modality) for s, b, _, c in chunk])
         else:
             try:
-                fut = self._ex.submit(decode_chunk, chunk)
+                fut = self._ex.submit(decode_chunk, chunk, modality)
             except BrokenProcessPool:  # a worker died since the last collect: the pool is unusable
                 self._restart()
-                fut = self._ex.submit(decode_chunk, chunk)
-        self._pending.append((key, chunk, fut, self._ex))
+                fut = self._ex.submit(decode_chunk, chunk, modality)
+        self._pending.append((key, chunk, fut, self._ex, modality))
         self._in_flight += len(chunk)
         if isinstance(fut, Future):
             fut.add_done_callback(self._on_finished)  # runs on the executor's thread, or here if done
@@ -102,7 +104,7 @@ class DecodePool:
     def _pop(self, index: int = 0) -> tuple[Any, list[Decoded] | None]:
         """The results of the `index`-th pending chunk (waiting for them); None when the run stops
         first (the chunk is then neither encoded nor an error: not attempted)."""
-        key, chunk, fut, ex = self._pending[index]
+        key, chunk, fut, ex, modality = self._pending[index]
         del self._pending[index]
         self._in_flight -= len(chunk)
         if not self._wait(fut):
@@ -114,7 +116,7 @@ class DecodePool:
                 self._restart()
             if self._stopping():  # SIGTERM to the whole group killed workers or the forkserver
                 return key, None
-            isolated = self._isolate(chunk)
+            isolated = self._isolate(chunk, modality)
             return key, None if isolated is None else self._received(chunk, isolated)
 
     def _received(self, chunk: list[tuple[Any, str, int | None, bool]], results: list[Decoded]) -> list[Decoded]:
@@ -145,26 +147,26 @@ class DecodePool:
         # wait briefly: the main thread's own signal handler runs during this wait
         return self.stop is not None and self.stop.wait(0.5)
 
-    def _isolate(self, chunk: list[tuple[str | bytes, str]]) -> list[Decoded] | None:
+    def _isolate(self, chunk: list[Any], modality: str) -> list[Decoded] | None:
         """Decode each item of a chunk alone in a fresh pool: only an item that kills a worker by itself fails."""
         out = []
         for item in chunk:
-            dec = self._alone(item)
+            dec = self._alone(item, modality)
             if dec is None:
                 return None
             out.append(dec)
         return out
 
-    def _alone(self, item: Any) -> Decoded | None:
+    def _alone(self, item: Any, modality: str) -> Decoded | None:
         """One item by itself. The pool can also break under it because another chunk's worker died:
         an item is blamed only when it breaks the pool twice (or runs past its deadline once)."""
         for attempt in (1, 2):
             t0 = time.monotonic()
             try:
-                fut = self._ex.submit(decode_chunk, [item])
+                fut = self._ex.submit(decode_chunk, [item], modality)
             except BrokenProcessPool:  # broken by another chunk since: a fresh pool
                 self._restart()
-                fut = self._ex.submit(decode_chunk, [item])
+                fut = self._ex.submit(decode_chunk, [item], modality)
             if not self._wait(fut):
                 return None
             try:
@@ -182,7 +184,7 @@ class DecodePool:
         """The error of an item that ended its worker: by passing its deadline, or by crashing it."""
         deadline = item_deadline(self.media)
         if seconds >= deadline:
-            return MMError(f"loading and decoding this image did not finish within {deadline:g} s (the "
+            return MMError(f"loading and decoding this item did not finish within {deadline:g} s (the "
                            "--decode-timeout and fetch limits); its worker was replaced", stage="decode",
                            reason="media.timeout", error="TimeoutError")
         return MMError(f"decode worker died on this item: {exc}", stage="decode", reason="internal",

@@ -1,9 +1,11 @@
-"""The decode workers' side: one image source -> an `ImageInput` or its `MMError`.
+"""The decode workers' side: one media source -> an `ImageInput`, `AudioInput`, `VideoInput` or its `MMError`.
 
-Workers never touch torch or the GPU. Each runs `init_worker` once (Pillow's limits, a watch on
-the encode process, the preprocessor, the shared-memory slots) and then `decode_chunk` per chunk
-of images, each under its deadline; `decode_one` is the same work for one image, also run in the
-encode process when `--workers 0`. The pool that drives them is `decode_pool.py`.
+Workers never touch the GPU (nor torch, unless a model's audio feature extractor imports it).
+Each runs `init_worker` once (Pillow's limits, a watch on the encode process, the preprocessors,
+the shared-memory slots) and then `decode_chunk` per chunk of items of one medium, each under its
+deadline; `decode_one` is the same work for one item, also run in the encode process when
+`--workers 0`. Images decode with Pillow, audio and video with PyAV (`media/`). The pool that
+drives them is `decode_pool.py`.
 """
 
 from __future__ import annotations
@@ -15,28 +17,40 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..config import MediaConfig
-from ..encoders.base import ImageInput, ImagePreprocessor
+from ..config import DEFAULT_FRAMES, MediaConfig
+from ..encoders.base import AudioInput, AudioPreprocessor, ImageInput, ImagePreprocessor, VideoInput
 from ..errors import MMError, classify
-from ..media import configure_pillow, load_encoded, load_image
+from ..media import configure_pillow, load_clip, load_encoded, load_image
 from ..media.decode import decode_image, device_jpeg
+from ..media.audio import decode_audio
 from ..media.sources import guard
+from ..media.video import decode_frames
 from .shm import Slot, SlotWriter
 
 _STATE: dict[str, Any] = {}
 
 
+@dataclass(frozen=True)
+class Preprocessors:
+    """What the workers need of the model: the image preprocessor (also applied to each video
+    frame), the audio one, and how many frames a video clip gives (`frames`, resolved)."""
+
+    image: ImagePreprocessor | None = None
+    audio: AudioPreprocessor | None = None
+    frames: int = DEFAULT_FRAMES
+
+
 @dataclass(slots=True)
 class Decoded:
-    """A worker's answer for one image: `value` or `error`, plus seconds per stage."""
+    """A worker's answer for one item: `value` or `error`, plus seconds per stage."""
 
-    value: ImageInput | None
+    value: ImageInput | AudioInput | VideoInput | None
     error: MMError | None
     seconds: tuple[float, float]  # load + decode, preprocess
     slot: Slot | None = None  # where the pixels are, when they came in shared memory
 
 
-def init_worker(preprocessor: ImagePreprocessor, media: MediaConfig, parent: int,
+def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
                  slots: tuple[str, int] | None = None) -> None:
     import signal
     import threading
@@ -44,7 +58,7 @@ def init_worker(preprocessor: ImagePreprocessor, media: MediaConfig, parent: int
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides how to stop
     configure_pillow(media)  # per-process Pillow limits matching --max-image-pixels
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    _STATE["pre"] = preprocessor
+    _STATE["pre"] = preprocessors
     _STATE["media"] = media
     _STATE["slots"] = SlotWriter(*slots) if slots is not None else None
     _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
@@ -82,33 +96,61 @@ def _gone(pid: int) -> bool:
         return False
 
 
-def decode_one(source: str | bytes, base_dir: str, preprocessor: ImagePreprocessor, media: MediaConfig,
-               cpu_only: bool = False) -> Decoded:
-    """Load, decode and preprocess one image; every failure becomes an `MMError`. Under
-    `--decode gpu` (unless `cpu_only`) a JPEG the device can decode stays encoded: its bytes go to
-    the encode process as a 1-D uint8 `ImageInput` with `meta["jpeg"]`."""
+def decode_one(source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaConfig,
+               cpu_only: bool = False, modality: str = "image") -> Decoded:
+    """Load, decode and preprocess one item of `modality`; every failure becomes an `MMError`."""
     t0 = time.perf_counter()
     stage = "load"
     try:
-        draft = preprocessor.draft_size if media.decode in ("fast", "gpu") else None
-        if media.decode == "gpu" and not cpu_only:
-            data, content_type = load_encoded(source, base_dir, media)
-            if guard("decode", device_jpeg, data, media):
-                return Decoded(ImageInput(np.frombuffer(data, dtype=np.uint8), {"jpeg": True}), None,
-                               (time.perf_counter() - t0, 0.0))
-            image = guard("decode", decode_image, data, media, content_type, draft)
+        if modality == "image":
+            found = _image(source, base_dir, pre, media, cpu_only)
+            if isinstance(found, Decoded):
+                return found
         else:
-            image = load_image(source, base_dir, media, draft=draft)  # raises MMError with its own stage
-        t1 = time.perf_counter()
-        stage = "preprocess"
-        value = preprocessor(image)
+            found, cut = _clip(modality, source, base_dir, pre, media)
+        stage, t1 = "preprocess", time.perf_counter()
+        value: Any
+        if modality == "image":
+            value = pre.image(found)  # type: ignore[misc]
+        elif modality == "audio":
+            value = pre.audio(found)  # type: ignore[misc]
+            value.meta["cut"] = cut
+        else:
+            value = VideoInput([pre.image(im) for im in found], {"cut": cut})  # type: ignore[misc]
         return Decoded(value, None, (t1 - t0, time.perf_counter() - t1))
-    except Exception as exc:  # one bad image never stops the run
+    except Exception as exc:  # one bad item never stops the run
         return Decoded(None, classify(exc, stage), (time.perf_counter() - t0, 0.0))
 
 
+def _clip(modality: str, source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaConfig) -> tuple[Any, bool]:
+    """An audio clip's mono samples at the model's rate, or a video clip's sampled frames, and
+    whether the clip was cut (longer than the limit, or than the model's audio window)."""
+    clip = load_clip(source, base_dir, media.limit_bytes(modality))
+    if modality == "audio":
+        assert pre.audio is not None
+        limits = [s for s in (media.max_audio_seconds, pre.audio.window_seconds) if s is not None]
+        return guard("decode", decode_audio, clip, pre.audio.sample_rate, min(limits) if limits else None)
+    return guard("decode", decode_frames, clip, pre.frames, media.fps, media.max_video_seconds,
+                 media.max_image_pixels)
+
+
+def _image(source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaConfig, cpu_only: bool) -> Any:
+    """A decoded RGB image; under `--decode gpu` (unless `cpu_only`) a JPEG the device can decode
+    stays encoded: a `Decoded` of its bytes as a 1-D uint8 `ImageInput` with `meta["jpeg"]`."""
+    t0 = time.perf_counter()
+    assert pre.image is not None
+    draft = pre.image.draft_size if media.decode in ("fast", "gpu") else None
+    if media.decode == "gpu" and not cpu_only:
+        data, content_type = load_encoded(source, base_dir, media)
+        if guard("decode", device_jpeg, data, media):
+            return Decoded(ImageInput(np.frombuffer(data, dtype=np.uint8), {"jpeg": True}), None,
+                           (time.perf_counter() - t0, 0.0))
+        return guard("decode", decode_image, data, media, content_type, draft)
+    return load_image(source, base_dir, media, draft=draft)  # raises MMError with its own stage
+
+
 def item_deadline(media: MediaConfig) -> float:
-    """Seconds one image may take in a worker: every fetch attempt, the waits between them, and
+    """Seconds one item may take in a worker: every fetch attempt, the waits between them, and
     --decode-timeout for reading, decoding and preprocessing. A worker past it ends itself."""
     from ..media.http import BACKOFF_CAP_S, RETRY_AFTER_MAX_S
 
@@ -116,10 +158,10 @@ def item_deadline(media: MediaConfig) -> float:
     return media.fetch_timeout * (1 + media.fetch_retries) + waits + media.decode_timeout
 
 
-def decode_chunk(chunk: Sequence[tuple[str | bytes, str, int | None, bool]]) -> list[Decoded]:
-    """In a worker: each item under its deadline; its uint8 pixels into its shared-memory slot
-    when it has one. faulthandler's watchdog is a C thread, so it ends the process even when a
-    library call hangs holding the GIL; the pool then isolates the item."""
+def decode_chunk(chunk: Sequence[tuple[str | bytes, str, int | None, bool]], modality: str = "image") -> list[Decoded]:
+    """In a worker: each item under its deadline; an image's uint8 pixels into its shared-memory
+    slot when it has one. faulthandler's watchdog is a C thread, so it ends the process even when
+    a library call hangs holding the GIL; the pool then isolates the item."""
     import faulthandler
 
     pre, media, slots = _STATE["pre"], _STATE["media"], _STATE.get("slots")
@@ -127,10 +169,10 @@ def decode_chunk(chunk: Sequence[tuple[str | bytes, str, int | None, bool]]) -> 
     for src, base, slot, cpu_only in chunk:
         faulthandler.dump_traceback_later(item_deadline(media), exit=True, file=_STATE["devnull"])
         try:
-            dec = decode_one(src, base, pre, media, cpu_only)
+            dec = decode_one(src, base, pre, media, cpu_only, modality)
         finally:
             faulthandler.cancel_dump_traceback_later()
-        if slot is not None and slots is not None and dec.value is not None:
+        if slot is not None and slots is not None and isinstance(dec.value, ImageInput):
             dec.slot = slots.write(slot, dec.value.pixels)
             if dec.slot is not None:
                 dec.value.pixels = _IN_SLOT

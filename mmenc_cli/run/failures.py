@@ -31,7 +31,7 @@ class FailureSink:
     def record(self, err: MMError, row: ManifestRow, modality: str) -> None:
         """One item (row, modality) failed (not attempted when its row cannot be written: the run ends)."""
         attempt = self.attempts.get(id_hash(row.id, modality)) + 1
-        source = describe_source(row.image) if modality == "image" else None
+        source = describe_source(row.value(modality)) if modality != "text" else None
         try:
             self._write(ErrorRecord.from_error(err, id=row.id, manifest=row.manifest, line=row.line,
                                                offset=row.offset, modality=modality, source=source, attempt=attempt,

@@ -24,7 +24,8 @@ from .counters import Counters, RunResult
 
 #: options that change the vectors or the output's schema: a run must match the output's
 FINGERPRINT_KEYS = ("model", "model_stamp", "revision", "pooling", "dtype", "normalize", "text_prefix",
-                    "max_length", "format", "out_dtype", "keep", "decode")
+                    "max_length", "format", "out_dtype", "keep", "decode", "frames", "fps", "max_audio_seconds",
+                    "max_video_seconds")
 
 
 def model_stamp(model: str) -> str | None:
@@ -43,7 +44,8 @@ def model_stamp(model: str) -> str | None:
 
 
 #: what a fingerprint written before a key existed means by its absence
-LEGACY_FINGERPRINT = {"decode": "exact"}
+LEGACY_FINGERPRINT = {"decode": "exact", "frames": None, "fps": None, "max_audio_seconds": None,
+                      "max_video_seconds": 3600.0}
 
 
 def decode_mode(cfg: RunConfig, recorded: dict[str, Any] | None) -> str:
@@ -77,6 +79,10 @@ def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
         "out_dtype": cfg.writer.out_dtype,
         "keep": list(cfg.manifest.keep),
         "decode": cfg.media.decode,
+        "frames": cfg.media.frames,
+        "fps": cfg.media.fps,
+        "max_audio_seconds": cfg.media.max_audio_seconds,
+        "max_video_seconds": cfg.media.max_video_seconds,
     }
 
 

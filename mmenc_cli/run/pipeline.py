@@ -9,7 +9,7 @@ run stops as a whole, as "not attempted" for a re-run to finish. It raises only 
 One run, in order: take the task's lock (`locks.py`); check the options against the output's
 fingerprint or record them (`metadata.py`, `resume.py`); read what earlier runs settled; then
 for each row of this task's slice (`readers/`): count it, skip what is done, and hand each
-requested (row, modality) to its feed (`images.py`, `texts.py`), which calls the encode stage
+requested (row, modality) to its feed (`media.py` for images, audio and video, `texts.py`), which calls the encode stage
 (`stage.py`) with batches; the stage's vectors go to the shard committer (`commit.py`).
 """
 
@@ -25,24 +25,20 @@ from ..config import RunConfig
 from ..encoders.base import Encoder
 from ..encoders.device_decode import jpeg_decoder
 from ..errors import DeviceError, LockWaitInterrupted, MMError, OutputError
+from ..media.clips import require_av
 from ..idset import HashSet64, id_hash
 from ..outdir import OutDir
 from ..readers import iter_rows
 from ..records import InvalidRow, Item, ManifestRow, NotDownloaded
 from ..report import ErrorReportWriter
 from ..shardlog import reconcile
-from ..writers import make_writer
-from .commit import ShardCommitter
 from .counters import Counters, RunResult, threshold_exceeded
-from .decode_pool import DecodePool
 from .devices import run_devices
 from .failures import FailureSink
-from .images import CHUNK, ImageFeed, device_decoder
 from .metadata import decode_mode, fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
 from .resume import History, check_commit, check_output, load_history, open_output
-from .stage import EncodeStage
 from .stopping import Interrupted, interruptible
-from .texts import TextFeed
+from .stages import Stages
 
 log = logging.getLogger("mmenc")
 
@@ -67,6 +63,7 @@ class EncodeRun:
         self.counters = Counters()
         self.encoder: Encoder | None = None
         self.facts: dict[str, Any] = {}
+        self.unasked_video = False  # the model could encode video this run was not asked for (a hint, once)
         self.events: list[str] = []
         self.failures: FailureSink | None = None
         self.stopped_by: str | None = None
@@ -160,13 +157,18 @@ class EncodeRun:
         return self._finish(state, t_start)
 
     def _modalities(self) -> tuple[str, ...]:
-        """The modalities this run encodes (those asked, else all the output's model has)."""
+        """The modalities this run encodes: those asked, else all the output's model has a tower for
+        (video, which an image model encodes frame by frame, only when asked). Audio or video asked
+        without PyAV installed stops here (exit 3)."""
         facts = self.facts
-        modalities = tuple(self.cfg.modalities or facts["modalities"])
+        modalities = tuple(self.cfg.modalities or [m for m in facts["modalities"] if m != "video"])
         missing = [m for m in modalities if m not in facts["modalities"]]
         if missing:
             raise OutputError(f"model {self.cfg.model.model} cannot encode {', '.join(missing)} "
                               f"(it supports: {', '.join(facts['modalities'])})")
+        if {"audio", "video"} & set(modalities):
+            require_av()
+        self.unasked_video = "video" in facts["modalities"] and "video" not in modalities
         return modalities
 
     def _finish(self, state: str, t_start: float, error: str | None = None) -> RunResult:
@@ -247,8 +249,12 @@ class EncodeRun:
     def _request(self, rec: ManifestRow, modalities: tuple[str, ...], history: History, stages: "Stages") -> None:
         """Count one valid row's items and hand those not settled earlier to their feeds."""
         present = 0
+        if self.unasked_video and rec.video is not None:
+            self.unasked_video = False  # said once
+            log.warning("rows hold video clips, which this run does not encode: pass --modality %s,video "
+                        "to encode them (frames through the image tower)", ",".join(modalities))
         for modality in modalities:
-            if (rec.image if modality == "image" else rec.text) is None:
+            if rec.value(modality) is None:
                 self.counters.add(modality, "skipped")
                 continue
             present += 1
@@ -268,118 +274,6 @@ class EncodeRun:
         else:
             assert self.failures is not None
             self.failures.record_invalid(inv)
-
-
-class Stages:
-    """The decode -> batch -> encode -> write machinery of one run, built on first use."""
-
-    def __init__(self, run: EncodeRun) -> None:
-        self.run, self.cfg = run, run.cfg
-        self.stage: EncodeStage | None = None
-        self.texts: TextFeed | None = None
-        self.images: ImageFeed | None = None
-
-    def _ready(self) -> EncodeStage:
-        if self.stage is not None:
-            return self.stage
-        run, cfg = self.run, self.cfg
-        encoder = run.load_encoder()
-        keep = tuple(cfg.manifest.keep)
-        writer = make_writer(cfg.writer.format, run.out, run.facts, run.facts["out_dtype"], keep)
-        assert run.failures is not None
-        committer = ShardCommitter(run.out, writer, run.task, run.worker, cfg.writer.shard_size, keep,
-                                   after_commit=run.failures.sync)
-        self.stage = EncodeStage(encoder, cfg.batch.batch_size, cfg.batch.grow_after, bool(run.facts.get("normalize")),
-                                 run.counters, run.failures, committer, run.events, run.progress)
-        return self.stage
-
-    def _text_feed(self) -> TextFeed:
-        if self.texts is None:
-            stage = self._ready()
-            self.texts = TextFeed(stage.encoder, self.cfg.batch.batch_size, self.run.counters,
-                                  lambda items, payloads: stage("text", items, payloads), self.run.stop)
-        return self.texts
-
-    def _image_feed(self) -> ImageFeed:
-        if self.images is None:
-            stage = self._ready()
-            batch = self.cfg.batch
-            workers = batch.workers_per_device(len(self.cfg.model.devices))
-            in_flight = max(batch.batch_size * batch.prefetch_batches, 2 * CHUNK * workers)  # every worker busy
-            make_pool = lambda: DecodePool(stage.encoder.image_preprocessor(), self.cfg.media,  # noqa: E731
-                                           workers, max_in_flight=in_flight, stop=self.run.stop,
-                                           slots=in_flight + CHUNK + batch.batch_size, idle=stage.flush)
-            assert self.run.failures is not None
-            self.images = ImageFeed(make_pool, batch.batch_size, batch.max_batch_tokens, self.run.counters,
-                                    self.run.failures, lambda items, payloads: stage("image", items, payloads),
-                                    device_decode=device_decoder(self.cfg, stage.encoder))
-        return self.images
-
-    def add(self, item: Item) -> None:
-        """Accept one pending item (not attempted when a stop interrupts the model's loading)."""
-        try:
-            self._add(item)
-        except Interrupted:
-            self.run.counters.add(item.modality, "not_attempted")
-            raise
-
-    def _add(self, item: Item) -> None:
-        if item.modality == "image":
-            self._image_feed().add(item)
-            return
-        text = item.row.text or ""
-        if not text.strip():
-            assert self.run.failures is not None
-            self.run.failures.record(MMError("text is empty after stripping whitespace", stage="validate",
-                                             reason="text.empty"), item.row, "text")
-            return
-        feed = self._text_feed()
-        prefix = self.cfg.model.text_prefix
-        limit = self.stage.encoder.max_text_chars if self.stage is not None else None
-        if limit is not None and len(prefix) + len(text) > limit:  # bounded work per item
-            feed.add(Item(item.row, item.modality, cut=True), (prefix + text[:limit])[:limit])
-        else:
-            feed.add(item, prefix + text)
-
-    def pump(self) -> None:
-        """Encode whatever is ready: full text windows, finished decodes, full image batches."""
-        if self.texts is not None:
-            self.texts.pump()
-        if self.images is not None:
-            self.images.pump()
-
-    def finish(self, interrupted: bool) -> None:
-        """Flush everything; when interrupted, commit what is encoded and count the rest as not attempted."""
-        feeds = [(m, f) for m, f in (("image", self.images), ("text", self.texts)) if f is not None]
-        try:
-            for modality, feed in feeds:
-                if not interrupted:
-                    feed.finish()
-                if self.run.stop.is_set():  # stopped now or during the flush
-                    self.run.counters.add(modality, "not_attempted", feed.drop())
-            if self.stage is not None:
-                self.stage.finish()
-        finally:
-            for _modality, feed in feeds:
-                feed.close()
-
-    def abandon(self) -> None:
-        """After a fault of the output: count everything not committed as not attempted, stop."""
-        for modality, feed in (("image", self.images), ("text", self.texts)):
-            if feed is not None:
-                self.run.counters.add(modality, "not_attempted", feed.drop())
-        if self.stage is not None:
-            self.stage.abandon()
-
-    def abort(self) -> None:
-        """Stop workers and the writer thread after an unexpected error."""
-        for feed in (self.texts, self.images):
-            if feed is not None:
-                feed.close()
-        if self.images is not None:
-            self.images.close(kill=True)
-        if self.stage is not None:
-            self.stage.abort()
 
 
 def run_encode(cfg: RunConfig, *, encoder_factory: EncoderFactory | None = None,

@@ -104,13 +104,13 @@ class TextFeed:
         if self.carry and not self.stopped():
             self._encode_window(final=True)
 
-    def drop(self) -> int:
+    def drop(self) -> dict[str, int]:
         """Give up the texts not encoded (the run stops as a whole); return how many."""
         self.close()
         dropped = len(self.texts) + len(self.carry) + len(self.todo) + sum(len(w) for w, _ in self.windows)
         self.texts, self.carry, self.todo = [], [], []
         self.windows.clear()
-        return dropped
+        return {"text": dropped}
 
     def close(self) -> None:
         """Stop the tokenize-ahead thread (waiting for the window it is on)."""

@@ -88,7 +88,7 @@ def test_errors_summary_list_retry_then_resolved(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args,needle", [
     (["--pooling", "weird"], "--pooling"),
     (["--keep", "embedding"], "reserved"),
-    (["--modality", "audio"], "--modality"),
+    (["--modality", "smell"], "--modality"),
     (["--batch-size", "0"], "--batch-size"),
 ])
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:

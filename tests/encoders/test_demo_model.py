@@ -15,7 +15,7 @@ def test_demo_model_is_small_labelled_and_works() -> None:
     readme = (DEMO / "README.md").read_text()
     assert "DEMO" in readme and "random weights" in readme and "meaningless" in readme
     encoder = load_encoder(ModelConfig(model=str(DEMO), device="cpu"))
-    assert encoder.modalities == {"image", "text"} and encoder.info["image_input"] == "uint8"
+    assert encoder.modalities == {"image", "text", "video"} and encoder.info["image_input"] == "uint8"
     prep = encoder.image_preprocessor()
     images = encoder.encode("image", [prep(Image.new("RGB", (97, 61), (200, 30, 30)))]).vectors
     texts = encoder.encode("text", ["a red car", "a photo of a dog"]).vectors

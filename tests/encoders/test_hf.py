@@ -59,7 +59,7 @@ def test_dual_tower_matches_reference(models: dict[str, Path], name: str) -> Non
 
     path = models[name]
     encoder = load_encoder(ModelConfig(model=str(path)))
-    assert encoder.modalities == {"image", "text"} and encoder.default_normalize is True
+    assert encoder.modalities == {"image", "text", "video"} and encoder.default_normalize is True
     assert encoder.info["image_input"] == ("float32" if name == "siglip2" else "uint8")
     model = reference_model(path)
     processor, tokenizer = AutoImageProcessor.from_pretrained(path, backend="pil"), AutoTokenizer.from_pretrained(path)
@@ -95,7 +95,7 @@ def test_vision_backbone_matches_reference(models: dict[str, Path], name: str, p
 
     path = models[name]
     encoder = load_encoder(ModelConfig(model=str(path), pooling=pooling))
-    assert encoder.modalities == {"image"} and encoder.default_normalize is False
+    assert encoder.modalities == {"image", "video"} and encoder.default_normalize is False
     model = reference_model(path)
     with torch.inference_mode():
         out = model(**AutoImageProcessor.from_pretrained(path, backend="pil")(images=images(), return_tensors="pt"))
@@ -139,7 +139,7 @@ def test_clip_without_tokenizer_is_image_only(models: dict[str, Path], tmp_path:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (target / name).unlink()
     encoder = load_encoder(ModelConfig(model=str(target)))
-    assert encoder.modalities == {"image"}
+    assert encoder.modalities == {"image", "video"}
     assert "text" in encoder.info["unavailable"]
 
 

@@ -63,7 +63,7 @@ def test_openclip_matches_encode_image_and_encode_text(openclip_models: dict[str
 
     folder = openclip_models[kind]
     encoder = load_encoder(ModelConfig(model=str(folder)))
-    assert encoder.modalities == {"image", "text"} and encoder.default_normalize is True
+    assert encoder.modalities == {"image", "text", "video"} and encoder.default_normalize is True
     assert encoder.info["library"] == "open_clip" and encoder.info["library_version"] == open_clip.__version__
     # square: resize + center crop + normalize, split into uint8 workers; the non-square size
     # (OpenCLIP's keep-ratio resize) runs the library's own transform in the worker
@@ -94,7 +94,7 @@ def test_timm_matches_forward_features_and_head(timm_models: dict[str, Path], ar
             load_encoder(cfg)
         return
     encoder = load_encoder(cfg)
-    assert encoder.modalities == {"image"} and encoder.default_normalize is False
+    assert encoder.modalities == {"image", "video"} and encoder.default_normalize is False
     assert encoder.info["image_input"] == "uint8" and encoder.info["library"] == "timm"
     model = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
     transform = timm.data.create_transform(**timm.data.resolve_model_data_config(model), is_training=False)

@@ -5,6 +5,8 @@ written before the mode existed resumes as `exact`."""
 
 from __future__ import annotations
 
+from mmenc_cli.run.decode_worker import Preprocessors
+
 import io
 import json
 from dataclasses import replace
@@ -101,8 +103,8 @@ def test_real_photos_stay_close() -> None:
 def test_the_worker_takes_the_mode_from_its_media_config(tmp_path: Path) -> None:
     path = tmp_path / "big.jpg"
     path.write_bytes(jpeg(scene(1280, 960)))
-    exact = decode_one(str(path), "", CLIP, MediaConfig(decode="exact")).value
-    fast = decode_one(str(path), "", CLIP, MediaConfig(decode="fast")).value
+    exact = decode_one(str(path), "", Preprocessors(image=CLIP), MediaConfig(decode="exact")).value
+    fast = decode_one(str(path), "", Preprocessors(image=CLIP), MediaConfig(decode="fast")).value
     assert exact is not None and fast is not None and exact.pixels.shape == fast.pixels.shape
     assert not np.array_equal(exact.pixels, fast.pixels) and psnr(exact.pixels, fast.pixels) >= 30
 

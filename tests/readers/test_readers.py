@@ -147,7 +147,7 @@ def test_jsonl_invalid_rows(tmp_path: Path) -> None:
     assert rows[2].error.message == 'row has no "id" field'
     assert '"id" must be a string or an integer, not a number' == rows[4].error.message
     assert '"text" must be a string, not an integer' == rows[6].error.message
-    assert 'row has neither "image" nor "text"' == rows[8].error.message
+    assert 'row has neither "image" nor "text" (nor audio or video)' == rows[8].error.message
 
 
 def test_limit_counts_valid_and_invalid(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ them by module path. Images are small PNG files whose sizes identify them in the
 
 from __future__ import annotations
 
+from mmenc_cli.run.decode_worker import Preprocessors
+
 import os
 import time
 from dataclasses import dataclass
@@ -84,7 +86,7 @@ def shapes(results: list[Decoded]) -> list[Any]:
 
 
 def make_pool(pools: list[DecodePool], preprocessor: Any, workers: int, max_in_flight: int = 64) -> DecodePool:
-    pool = DecodePool(preprocessor, MEDIA, workers=workers, max_in_flight=max_in_flight)
+    pool = DecodePool(Preprocessors(image=preprocessor), MEDIA, workers=workers, max_in_flight=max_in_flight)
     pools.append(pool)
     return pool
 
@@ -93,7 +95,7 @@ def make_pool(pools: list[DecodePool], preprocessor: Any, workers: int, max_in_f
 
 def test_decode_one_ok(tmp_path: Path) -> None:
     name = png(tmp_path, "a.png", (20, 10))
-    d = decode_one(name, str(tmp_path), ArrayPreprocessor(), MEDIA)
+    d = decode_one(name, str(tmp_path), Preprocessors(image=ArrayPreprocessor()), MEDIA)
     assert d.error is None
     assert d.value.pixels.shape == (10, 20, 3) and d.value.pixels.dtype == np.uint8
     assert d.value.meta["orig_size"] == (20, 10)
@@ -102,19 +104,19 @@ def test_decode_one_ok(tmp_path: Path) -> None:
 
 
 def test_decode_one_missing_and_garbage(tmp_path: Path) -> None:
-    missing = decode_one("nope.png", str(tmp_path), ArrayPreprocessor(), MEDIA)
+    missing = decode_one("nope.png", str(tmp_path), Preprocessors(image=ArrayPreprocessor()), MEDIA)
     assert missing.value is None
     assert (missing.error.code, missing.error.reason, missing.error.stage) == (404, "media.not_found", "load")
 
     (tmp_path / "junk.png").write_bytes(b"this is not an image at all" * 10)
-    junk = decode_one("junk.png", str(tmp_path), ArrayPreprocessor(), MEDIA)
+    junk = decode_one("junk.png", str(tmp_path), Preprocessors(image=ArrayPreprocessor()), MEDIA)
     assert junk.value is None
     assert (junk.error.code, junk.error.reason, junk.error.stage) == (400, "media.unreadable", "decode")
 
 
 def test_decode_one_preprocess_exception(tmp_path: Path) -> None:
     name = png(tmp_path, "wide.png", (40, 10))
-    d = decode_one(name, str(tmp_path), FailingPreprocessor(), MEDIA)
+    d = decode_one(name, str(tmp_path), Preprocessors(image=FailingPreprocessor()), MEDIA)
     assert d.value is None and isinstance(d.error, MMError)
     assert (d.error.stage, d.error.reason, d.error.code, d.error.error) == \
         ("preprocess", "preprocess.failed", 500, "ArithmeticError")
@@ -123,7 +125,7 @@ def test_decode_one_preprocess_exception(tmp_path: Path) -> None:
 
 def test_decode_one_inline_bytes(tmp_path: Path) -> None:
     name = png(tmp_path, "b.png", (6, 9))
-    d = decode_one((tmp_path / name).read_bytes(), "", ArrayPreprocessor(), MEDIA)
+    d = decode_one((tmp_path / name).read_bytes(), "", Preprocessors(image=ArrayPreprocessor()), MEDIA)
     assert d.error is None and d.value.pixels.shape == (9, 6, 3)
 
 
@@ -251,7 +253,7 @@ def test_the_loop_does_its_own_work_before_waiting(tmp_path: Path, pools: list[D
     """`idle` (the encode loop's: account for the batch on the device) runs before each wait."""
     name = png(tmp_path, "a.png", (7, 4))
     calls: list[int] = []
-    pool = DecodePool(SleepyPreprocessor(0.3), MEDIA, workers=1, max_in_flight=10,
+    pool = DecodePool(Preprocessors(image=SleepyPreprocessor(0.3)), MEDIA, workers=1, max_in_flight=10,
                       idle=lambda: calls.append(pool.in_flight))
     pools.append(pool)
     pool.submit("x", [(name, str(tmp_path))])

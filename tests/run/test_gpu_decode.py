@@ -25,7 +25,7 @@ from mmenc_cli.encoders.device_decode import DeviceJpegDecoder
 from mmenc_cli.encoders.preprocess import PixelPreprocessor
 from mmenc_cli.errors import DeviceError, ModelLoadError
 from mmenc_cli.media.decode import decode_image, device_jpeg
-from mmenc_cli.run.decode_worker import decode_one
+from mmenc_cli.run.decode_worker import Preprocessors, decode_one
 from mmenc_cli.outdir import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import write_jsonl
@@ -81,7 +81,7 @@ def test_refused_jpegs_come_back_as_none_and_others_pass_through() -> None:
 
 
 def test_workers_keep_only_plain_jpegs_encoded(tmp_path: Path) -> None:
-    prep, gpu = PixelPreprocessor(None, 32, (32, 32), 3), MediaConfig(decode="gpu")
+    prep, gpu = Preprocessors(image=PixelPreprocessor(None, 32, (32, 32), 3)), MediaConfig(decode="gpu")
     files = {"rgb.jpg": photo(64, 48), "grey.jpg": photo(64, 48, mode="L"), "cmyk.jpg": photo(64, 48, mode="CMYK"),
              "turned.jpg": photo(64, 48, exif=6)}
     png = io.BytesIO()
@@ -102,7 +102,7 @@ def test_workers_keep_only_plain_jpegs_encoded(tmp_path: Path) -> None:
 
 def test_the_pixel_limit_holds_for_jpegs_sent_as_bytes(tmp_path: Path) -> None:
     (tmp_path / "big.jpg").write_bytes(photo(200, 100))
-    dec = decode_one("big.jpg", str(tmp_path), PixelPreprocessor(None, 32, (32, 32), 3),
+    dec = decode_one("big.jpg", str(tmp_path), Preprocessors(image=PixelPreprocessor(None, 32, (32, 32), 3)),
                      MediaConfig(decode="gpu", max_image_pixels=10_000))
     assert dec.error is not None and (dec.error.code, dec.error.reason) == (413, "media.too_large")
 

@@ -6,6 +6,8 @@ The killed-run case (SIGKILL of the encode process) is in `tests/test_jobs.py`, 
 
 from __future__ import annotations
 
+from mmenc_cli.run.decode_worker import Preprocessors
+
 import os
 import time
 from dataclasses import dataclass
@@ -54,7 +56,7 @@ def decode_all(pool: DecodePool, names: list[str], base: str, chunk: int = 3) ->
 
 def reference(names: list[str], base: str) -> list[np.ndarray | None]:
     """The pixels of in-process decoding (no workers, nothing shared)."""
-    pool = DecodePool(Thumb(), MEDIA, workers=0, max_in_flight=64, slots=64)
+    pool = DecodePool(Preprocessors(image=Thumb()), MEDIA, workers=0, max_in_flight=64, slots=64)
     assert pool.slots is None
     return [d.value.pixels.copy() if d.value is not None else None for d in decode_all(pool, names, base)]
 
@@ -62,7 +64,7 @@ def reference(names: list[str], base: str) -> list[np.ndarray | None]:
 def test_pixels_come_in_slots_equal_to_in_process_decoding(tmp_path: Path, pools: list[DecodePool]) -> None:
     before = segments()
     names = [png(tmp_path, f"{i}.png", (10 + i, 9 + i), seed=i) for i in range(7)] + ["missing.png"]
-    pool = DecodePool(Thumb(), MEDIA, workers=2, max_in_flight=64, slots=32)
+    pool = DecodePool(Preprocessors(image=Thumb()), MEDIA, workers=2, max_in_flight=64, slots=32)
     pools.append(pool)
     assert pool.slots is not None and pool.slots.name in segments() - before
     got = decode_all(pool, names, str(tmp_path))
@@ -81,7 +83,7 @@ def test_pixels_come_in_slots_equal_to_in_process_decoding(tmp_path: Path, pools
 
 def test_images_beyond_the_slots_travel_pickled(tmp_path: Path, pools: list[DecodePool]) -> None:
     names = [png(tmp_path, f"{i}.png", (12, 10), seed=i) for i in range(6)]
-    pool = DecodePool(Thumb(), MEDIA, workers=1, max_in_flight=64, slots=2)
+    pool = DecodePool(Preprocessors(image=Thumb()), MEDIA, workers=1, max_in_flight=64, slots=2)
     pools.append(pool)
     got = decode_all(pool, names, str(tmp_path), chunk=6)
     assert [d.slot is not None for d in got] == [True, True, False, False, False, False]
@@ -93,7 +95,7 @@ def test_a_dead_worker_leaves_no_segment(tmp_path: Path, pools: list[DecodePool]
     before = segments()
     names = [png(tmp_path, f"{i}.png", (10 + i, 9), seed=i) for i in range(5)]
     names.insert(2, png(tmp_path, "killer.png", KILLER_SIZE))
-    pool = DecodePool(Thumb(), MEDIA, workers=1, max_in_flight=64, slots=16)
+    pool = DecodePool(Preprocessors(image=Thumb()), MEDIA, workers=1, max_in_flight=64, slots=16)
     pools.append(pool)
     got = decode_all(pool, names, str(tmp_path))
     assert [d.error.reason if d.error else "ok" for d in got] == ["ok", "ok", "internal", "ok", "ok", "ok"]
@@ -115,7 +117,7 @@ def test_no_room_in_dev_shm_means_pickled(tmp_path: Path, monkeypatch: pytest.Mo
         f_bavail, f_frsize = 1, 256  # 256 bytes free: half of it is less than one slot
 
     monkeypatch.setattr(shm.os, "statvfs", lambda path: Full() if path == "/dev/shm" else real(path))
-    pool = DecodePool(Thumb(), MEDIA, workers=1, max_in_flight=8, slots=8)
+    pool = DecodePool(Preprocessors(image=Thumb()), MEDIA, workers=1, max_in_flight=8, slots=8)
     pools.append(pool)
     assert pool.slots is None
     names = [png(tmp_path, f"{i}.png", (12, 10), seed=i) for i in range(3)]
@@ -133,7 +135,7 @@ def test_variable_sizes_are_never_put_in_slots(pools: list[DecodePool]) -> None:
         def max_pixel_bytes(self) -> int | None:
             return None
 
-    pool = DecodePool(Free(), MEDIA, workers=1, max_in_flight=8, slots=8)
+    pool = DecodePool(Preprocessors(image=Free()), MEDIA, workers=1, max_in_flight=8, slots=8)
     pools.append(pool)
     assert pool.slots is None
 

@@ -1,0 +1,90 @@
+"""Opening an audio or video file with PyAV (`av`), and what its failures mean (stage "decode").
+
+PyAV is FFmpeg's Python binding: one library for every container and codec mmenc reads (WAV,
+FLAC, MP3, Ogg/Opus, MP4, WebM, ...). It probes by content, so a wrong file extension does not
+matter. It is the `mmenc[av]` extra; `require_av` is the startup check that names it.
+
+Errors: bytes FFmpeg cannot parse, or a stream that yields nothing, are the input's fault (400
+`media.unreadable`); a stream whose codec FFmpeg here has no decoder for is 415
+(`media.unsupported_format`); a file without the stream asked for (a clip with no audio track) is
+422 (`media.no_stream`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any, Iterator
+
+from ..errors import ModelLoadError, MMError, trim_message
+
+#: what a missing PyAV install says (a run with audio or video items stops at start, exit 3)
+AV_EXTRA = 'audio and video need PyAV: pip install "mmenc[av]"'
+
+
+def require_av() -> str:
+    """PyAV's version; ModelLoadError naming the extra when PyAV is not installed."""
+    try:
+        import av
+    except ImportError as exc:
+        raise ModelLoadError(f"{AV_EXTRA} ({exc})") from exc
+    return str(av.__version__)
+
+
+def decode_error(message: str, reason: str = "media.unreadable", exc: BaseException | None = None) -> MMError:
+    """An MMError at stage "decode"."""
+    return MMError(trim_message(message), stage="decode", reason=reason,
+                   error=type(exc).__name__ if exc is not None else None)
+
+
+@contextlib.contextmanager
+def open_media(source: str | bytes) -> Iterator[Any]:
+    """An open PyAV input container for a local path or in-memory bytes; every FFmpeg failure
+    inside the block (opening, demuxing, decoding) becomes its MMError."""
+    import av
+
+    try:
+        container = av.open(source if isinstance(source, str) else io.BytesIO(source), mode="r",
+                            metadata_errors="ignore")
+    except Exception as exc:
+        raise _av_error(exc) from exc
+    try:
+        yield container
+    except MMError:
+        raise
+    except Exception as exc:
+        raise _av_error(exc) from exc
+    finally:
+        container.close()
+
+
+def pick_stream(container: Any, kind: str) -> Any:
+    """The first stream of `kind` ("audio" or "video"); 422 without one, 415 when FFmpeg here has
+    no decoder for its codec."""
+    streams = [s for s in container.streams if s.type == kind]
+    if not streams:
+        held = ", ".join(sorted({s.type for s in container.streams})) or "no streams"
+        raise decode_error(f"the file has no {kind} stream ({held})", "media.no_stream")
+    stream = streams[0]
+    if stream.codec_context is None:  # FFmpeg knows no decoder for its codec tag
+        raise decode_error(f"the {kind} stream's codec is one FFmpeg here cannot decode ({stream!r})",
+                           "media.unsupported_format")
+    return stream
+
+
+#: FFmpeg errors that mean "not something this FFmpeg decodes" (415) rather than corrupt bytes
+_UNSUPPORTED = ("DecoderNotFoundError", "PatchWelcomeError")
+
+
+def _av_error(exc: BaseException) -> MMError:
+    """The one mapping from a PyAV/FFmpeg failure on some bytes to an MMError."""
+    import av
+
+    text = trim_message(str(exc) or type(exc).__name__)
+    if isinstance(exc, MemoryError):
+        return MMError(text, stage="decode", reason="encode.out_of_memory", error=type(exc).__name__)
+    unsupported = tuple(getattr(av.error, n) for n in _UNSUPPORTED if hasattr(av.error, n))
+    if isinstance(exc, unsupported):
+        return decode_error(f"a codec or container FFmpeg here does not decode: {text}", "media.unsupported_format",
+                            exc)
+    return decode_error(f"corrupt or truncated media: {text}", "media.unreadable", exc)

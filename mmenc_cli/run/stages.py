@@ -1,0 +1,142 @@
+"""The decode -> batch -> encode -> write machinery of one run (`Stages`), built on first use:
+the encode stage with its shard committer, the text feed, and the media feed with its decode pool.
+`pipeline.EncodeRun`'s row loop hands it items."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import MMError
+from ..records import MEDIA, Item
+from ..writers import make_writer
+from .commit import ShardCommitter
+from .decode_pool import DecodePool
+from .decode_worker import Preprocessors
+from .media import CHUNK, MediaFeed, device_decoder
+from .stage import EncodeStage
+from .stopping import Interrupted
+from .texts import TextFeed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pipeline import EncodeRun
+
+
+class Stages:
+    """The decode -> batch -> encode -> write machinery of one run, built on first use."""
+
+    def __init__(self, run: "EncodeRun") -> None:
+        self.run, self.cfg = run, run.cfg
+        self.stage: EncodeStage | None = None
+        self.texts: TextFeed | None = None
+        self.media: MediaFeed | None = None
+
+    def _ready(self) -> EncodeStage:
+        if self.stage is not None:
+            return self.stage
+        run, cfg = self.run, self.cfg
+        encoder = run.load_encoder()
+        keep = tuple(cfg.manifest.keep)
+        writer = make_writer(cfg.writer.format, run.out, run.facts, run.facts["out_dtype"], keep)
+        assert run.failures is not None
+        committer = ShardCommitter(run.out, writer, run.task, run.worker, cfg.writer.shard_size, keep,
+                                   after_commit=run.failures.sync)
+        self.stage = EncodeStage(encoder, cfg.batch.batch_size, cfg.batch.grow_after, bool(run.facts.get("normalize")),
+                                 run.counters, run.failures, committer, run.events, run.progress)
+        return self.stage
+
+    def _text_feed(self) -> TextFeed:
+        if self.texts is None:
+            stage = self._ready()
+            self.texts = TextFeed(stage.encoder, self.cfg.batch.batch_size, self.run.counters,
+                                  lambda items, payloads: stage("text", items, payloads), self.run.stop)
+        return self.texts
+
+    def _media_feed(self) -> MediaFeed:
+        if self.media is None:
+            stage = self._ready()
+            encoder, batch = stage.encoder, self.cfg.batch
+            workers = batch.workers_per_device(len(self.cfg.model.devices))
+            in_flight = max(batch.batch_size * batch.prefetch_batches, 2 * CHUNK * workers)  # every worker busy
+            frames = self.cfg.media.frames_per_clip(encoder.default_frames)
+            pre = Preprocessors(image=encoder.image_preprocessor() if "image" in encoder.modalities else None,
+                                audio=encoder.audio_preprocessor() if "audio" in encoder.modalities else None,
+                                frames=frames)
+            make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731
+                                           stop=self.run.stop, slots=in_flight + CHUNK + batch.batch_size,
+                                           idle=stage.flush)
+            assert self.run.failures is not None
+            sizes = {"image": batch.batch_size, "audio": batch.batch_size, "video": max(1, batch.batch_size // frames)}
+            self.media = MediaFeed(make_pool, sizes, batch.max_batch_tokens, self.run.counters, self.run.failures,
+                                   stage, device_decode=device_decoder(self.cfg, encoder))
+        return self.media
+
+    def add(self, item: Item) -> None:
+        """Accept one pending item (not attempted when a stop interrupts the model's loading)."""
+        try:
+            self._add(item)
+        except Interrupted:
+            self.run.counters.add(item.modality, "not_attempted")
+            raise
+
+    def _add(self, item: Item) -> None:
+        if item.modality in MEDIA:
+            self._media_feed().add(item)
+            return
+        text = item.row.text or ""
+        if not text.strip():
+            assert self.run.failures is not None
+            self.run.failures.record(MMError("text is empty after stripping whitespace", stage="validate",
+                                             reason="text.empty"), item.row, "text")
+            return
+        feed = self._text_feed()
+        prefix = self.cfg.model.text_prefix
+        limit = self.stage.encoder.max_text_chars if self.stage is not None else None
+        if limit is not None and len(prefix) + len(text) > limit:  # bounded work per item
+            feed.add(Item(item.row, item.modality, cut=True), (prefix + text[:limit])[:limit])
+        else:
+            feed.add(item, prefix + text)
+
+    def pump(self) -> None:
+        """Encode whatever is ready: full text windows, finished decodes, full image batches."""
+        if self.texts is not None:
+            self.texts.pump()
+        if self.media is not None:
+            self.media.pump()
+
+    def finish(self, interrupted: bool) -> None:
+        """Flush everything; when interrupted, commit what is encoded and count the rest as not attempted."""
+        feeds = [f for f in (self.media, self.texts) if f is not None]
+        try:
+            for feed in feeds:
+                if not interrupted:
+                    feed.finish()
+                if self.run.stop.is_set():  # stopped now or during the flush
+                    self._dropped(feed)
+            if self.stage is not None:
+                self.stage.finish()
+        finally:
+            for feed in feeds:
+                feed.close()
+
+    def _dropped(self, feed: MediaFeed | TextFeed) -> None:
+        """Count what a feed gives up as not attempted."""
+        for modality, n in feed.drop().items():
+            self.run.counters.add(modality, "not_attempted", n)
+
+    def abandon(self) -> None:
+        """After a fault of the output: count everything not committed as not attempted, stop."""
+        for feed in (self.media, self.texts):
+            if feed is not None:
+                self._dropped(feed)
+        if self.stage is not None:
+            self.stage.abandon()
+
+    def abort(self) -> None:
+        """Stop workers and the writer thread after an unexpected error."""
+        for feed in (self.texts, self.media):
+            if feed is not None:
+                feed.close()
+        if self.media is not None:
+            self.media.close(kill=True)
+        if self.stage is not None:
+            self.stage.abort()

@@ -1,0 +1,136 @@
+"""Audio and video decoding with PyAV (`media/audio.py`, `media/video.py`, `media/clips.py`) on
+real files made in the tests: every format, the mono mix, resampling, cuts, frame sampling by
+seeking, and what each broken file becomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+
+from mmenc_cli.config import MediaConfig  # noqa: E402
+from mmenc_cli.errors import MMError  # noqa: E402
+from mmenc_cli.media import load_clip  # noqa: E402
+from mmenc_cli.media import video as video_mod  # noqa: E402
+from mmenc_cli.media.audio import decode_audio  # noqa: E402
+from mmenc_cli.media.video import decode_frames, sample_times  # noqa: E402
+from tests import mediafactory as mf  # noqa: E402
+
+PIXELS = MediaConfig().max_image_pixels
+
+
+def error_of(fn, *args) -> MMError:  # type: ignore[no-untyped-def]
+    with pytest.raises(MMError) as info:
+        fn(*args)
+    return info.value
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "m4a"])
+def test_every_audio_format_decodes_to_mono_at_the_rate_asked(tmp_path: Path, fmt: str) -> None:
+    path = mf.make_audio(tmp_path / f"a.{fmt}", fmt, seconds=1.0, rate=16000)
+    samples, cut = decode_audio(str(path), 16000, None)
+    assert samples.dtype == np.float32 and samples.ndim == 1 and not cut
+    assert 15000 <= len(samples) <= 18000  # lossy codecs add priming and padding
+    peak = float(np.abs(samples).max())
+    assert 0.4 < peak < 0.65  # the sweep's amplitude 0.5, give or take the codec
+    again, _ = decode_audio(path.read_bytes(), 16000, None)  # bytes decode the same as the path
+    assert np.array_equal(samples, again)
+
+
+def test_stereo_is_mixed_to_the_mean_of_its_channels_and_resampled(tmp_path: Path) -> None:
+    path = mf.make_audio(tmp_path / "s.wav", "wav", seconds=1.0, rate=16000, channels=2)
+    mono, _ = decode_audio(str(path), 16000, None)
+    expected = mf.audio_signal(1.0, 16000, channels=2).mean(axis=0)
+    assert np.abs(mono - expected).max() < 2e-4  # 16-bit quantization only
+    up, _ = decode_audio(str(path), 48000, None)
+    assert len(up) == 48000
+    # the resampled sweep keeps its level and its shape (compared at the original instants)
+    assert np.abs(up[::3] - expected).max() < 0.02
+
+
+def test_audio_longer_than_the_limit_is_cut_and_says_so(tmp_path: Path) -> None:
+    path = mf.make_audio(tmp_path / "long.flac", "flac", seconds=3.0, rate=16000)
+    samples, cut = decode_audio(str(path), 16000, 1.0)
+    assert cut and len(samples) == 16000
+    whole, cut = decode_audio(str(path), 16000, 5.0)
+    assert not cut and len(whole) == 48000
+    assert np.array_equal(samples, whole[:16000])
+
+
+@pytest.mark.parametrize("fmt", ["mp4", "webm"])
+def test_frames_are_sampled_uniformly_by_seeking(tmp_path: Path, fmt: str) -> None:
+    path = mf.make_video(tmp_path / f"v.{fmt}", fmt, seconds=2.0, fps=10)
+    images, cut = decode_frames(str(path), 5, None, 3600.0, PIXELS)
+    assert not cut and [im.size for im in images] == [(64, 48)] * 5
+    got = [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), 20) for im in images]
+    assert got == [2, 6, 10, 14, 18]  # the frames at 0.2, 0.6, 1.0, 1.4 and 1.8 s
+    by_rate, _ = decode_frames(path.read_bytes(), 64, 2.0, 3600.0, PIXELS)  # --fps 2
+    assert [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), 20) for im in by_rate] == [0, 5, 10, 15]
+
+
+def test_a_long_clip_is_not_decoded_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = mf.make_video(tmp_path / "long.mp4", "mp4", seconds=30.0, fps=10)  # a key frame every second
+    decoded = []
+    real = video_mod._decode
+
+    def counting(container, stream):  # type: ignore[no-untyped-def]
+        for frame in real(container, stream):
+            decoded.append(frame.time)
+            yield frame
+
+    monkeypatch.setattr(video_mod, "_decode", counting)
+    images, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
+    assert len(images) == 4
+    assert len(decoded) <= 4 * 12  # about a key-frame interval per sampled frame, of 300 frames
+
+
+def test_video_limits_cut_and_refuse(tmp_path: Path) -> None:
+    path = mf.make_video(tmp_path / "v.mp4", "mp4", seconds=2.0, fps=10)
+    images, cut = decode_frames(str(path), 2, None, 1.0, PIXELS)  # --max-video-seconds 1
+    assert cut and [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), 20) for im in images] == [2, 7]
+    err = error_of(decode_frames, str(path), 2, None, 3600.0, 1000)
+    assert (err.code, err.reason) == (413, "media.too_large")
+
+
+def test_sample_times() -> None:
+    assert sample_times(2.0, 4, None) == [0.25, 0.75, 1.25, 1.75]
+    assert sample_times(2.0, 8, 2.0) == [0.0, 0.5, 1.0, 1.5]
+    assert sample_times(10.0, 2, 1.0) == [2.5, 7.5]  # more than --frames at that rate: spread uniformly
+
+
+def test_broken_and_odd_files_become_the_right_errors(tmp_path: Path) -> None:
+    clip = mf.make_video(tmp_path / "v.mp4", "mp4")
+    audio_only = mf.make_audio_only_mp4(tmp_path / "a.mp4")
+    cases = {
+        "truncated mp4": (decode_frames, str(mf.truncate(clip, tmp_path / "t.mp4", 0.3)), 400, "media.unreadable"),
+        "random bytes": (decode_audio, bytes(range(256)) * 8, 400, "media.unreadable"),
+        "unknown codec": (decode_audio, str(mf.make_unknown_codec_wav(tmp_path / "u.wav")), 415,
+                          "media.unsupported_format"),
+        "no video stream": (decode_frames, str(audio_only), 422, "media.no_stream"),
+        "no audio stream": (decode_audio, str(clip), 422, "media.no_stream"),
+    }
+    for name, (fn, source, code, reason) in cases.items():
+        args = (source, 4, None, 3600.0, PIXELS) if fn is decode_frames else (source, 16000, None)
+        err = error_of(fn, *args)
+        assert (err.code, err.reason, err.stage) == (code, reason, "decode"), name
+    wav = mf.make_audio(tmp_path / "w.wav", "wav")
+    named_mp4 = mf.wrong_extension(wav, tmp_path / "looks-like.mp4")
+    assert len(decode_audio(str(named_mp4), 16000, None)[0]) == 16000  # probed by content, not by name
+
+
+def test_load_clip_opens_local_files_where_they_lie_and_checks_them(tmp_path: Path) -> None:
+    wav = mf.make_audio(tmp_path / "w.wav", "wav")
+    media = MediaConfig()
+    assert load_clip("w.wav", str(tmp_path), media) == str(tmp_path / "w.wav")
+    assert load_clip(wav.as_uri(), "", media) == str(wav)
+    assert load_clip(wav.read_bytes(), "", media) == wav.read_bytes()
+    (tmp_path / "empty.wav").write_bytes(b"")
+    err = error_of(load_clip, "empty.wav", str(tmp_path), media)
+    assert (err.code, err.reason, err.stage) == (400, "media.empty", "load")
+    err = error_of(load_clip, "w.wav", str(tmp_path), MediaConfig(max_audio_bytes=100).limit_bytes("audio"))
+    assert (err.code, err.reason) == (413, "media.file_too_large") and "--max-audio-bytes" in err.message
+    err = error_of(load_clip, "missing.wav", str(tmp_path), media)
+    assert (err.code, err.reason) == (404, "media.not_found")

@@ -23,6 +23,12 @@ Qwen2-VL variant; followed as of vLLM 0.11.1+, where the engine needs `enable_mm
     out = llm.generate({"prompt": prompt, "multi_modal_data": {"image": {
         "image_embeds": t["image_embeds"], "image_grid_thw": t["image_grid_thw"]}}})
 
+Video clips (`--modality video` with a Qwen2-VL model) are written the same way as vLLM's video
+embedding inputs take them: `video_embeds` + `video_grid_thw` (the clip's temporal patches, t, and
+merged grid), fed as `{"video": {"video_embeds": ..., "video_grid_thw": ...}}` with
+`<|vision_start|><|video_pad|><|vision_end|>` in the prompt. Each `manifest.jsonl` line says its
+`modality` and carries `image_grid_thw` or `video_grid_thw`.
+
 Several images in one prompt: concatenate their `image_embeds` along dim 0 and their
 `image_grid_thw` rows (`[n, 3]`), in prompt order. The embeddings must come from the vision tower
 of the same model (and `min_pixels`/`max_pixels` the server would use do not matter: the grid
@@ -69,8 +75,9 @@ def export_filename(id: str) -> str:
 
 
 def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -> ExportResult:
-    """Write the `image_embeds` + `image_grid_thw` files and `manifest.jsonl` of every image item
-    of the token output `out` into `dest` (see the module docstring).
+    """Write the `image_embeds` + `image_grid_thw` files (`video_...` for video clips) and
+    `manifest.jsonl` of every image and video item of the token output `out` into `dest` (see the
+    module docstring).
 
     `dest` must be empty, missing, or (with `overwrite`) a previous export, whose files are
     removed first. Raises `OutputError` when `out` is not a token output.
@@ -88,13 +95,15 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
     tmp_manifest = dest / f".{MANIFEST}.tmp"
     items = tokens = 0
     with open(tmp_manifest, "w", encoding="utf-8") as fh:
-        for emb in iter_token_embeddings(od.root, modality="image", framework=framework):
+        for emb in iter_token_embeddings(od.root, modality=None, framework=framework):
+            if emb.modality not in ("image", "video"):
+                continue
             if emb.grid is None:
-                raise OutputError(f"{emb.id}: the index holds no image_grid_thw")
-            name = export_filename(emb.id)
-            _write_item(dest / name, emb.array, emb.grid, framework)
-            row = {"id": emb.id, "file": name, "tokens": int(emb.array.shape[0]), "dim": int(emb.array.shape[1]),
-                   "dtype": dtype, "image_grid_thw": list(emb.grid),
+                raise OutputError(f"{emb.id}: the index holds no {emb.modality}_grid_thw")
+            name = export_filename(emb.id if emb.modality == "image" else f"{emb.id}.video")
+            _write_item(dest / name, emb.array, emb.grid, framework, emb.modality)
+            row = {"id": emb.id, "modality": emb.modality, "file": name, "tokens": int(emb.array.shape[0]),
+                   "dim": int(emb.array.shape[1]), "dtype": dtype, f"{emb.modality}_grid_thw": list(emb.grid),
                    "orig_width": emb.info.get("orig_width"), "orig_height": emb.info.get("orig_height")}
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
             items += 1
@@ -122,21 +131,22 @@ def _prepare_dest(dest: Path, overwrite: bool) -> None:
     dest.mkdir(parents=True, exist_ok=True)
 
 
-def _write_item(path: Path, array: Any, grid: tuple[int, int, int], framework: str) -> None:
-    """Write one item's two tensors atomically (temp name, fsync, rename)."""
+def _write_item(path: Path, array: Any, grid: tuple[int, int, int], framework: str, modality: str) -> None:
+    """Write one item's two tensors (`image_...` or `video_...`) atomically (temp name, fsync, rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    meta = {"format": "vllm-image-embeds", "producer": "mmenc"}
+    meta = {"format": f"vllm-{modality}-embeds", "producer": "mmenc"}
+    embeds, grid_key = f"{modality}_embeds", f"{modality}_grid_thw"
     if framework == "pt":
         import torch
         from safetensors.torch import save_file as save_torch
 
-        save_torch({"image_embeds": array.contiguous(), "image_grid_thw": torch.tensor([list(grid)], dtype=torch.int64)},
+        save_torch({embeds: array.contiguous(), grid_key: torch.tensor([list(grid)], dtype=torch.int64)},
                    str(tmp), metadata=meta)
     else:
         import numpy as np
         from safetensors.numpy import save_file
 
-        save_file({"image_embeds": np.ascontiguousarray(array), "image_grid_thw": np.asarray([grid], dtype=np.int64)},
+        save_file({embeds: np.ascontiguousarray(array), grid_key: np.asarray([grid], dtype=np.int64)},
                   str(tmp), metadata=meta)
     fd = os.open(tmp, os.O_RDONLY)
     try:

@@ -38,6 +38,15 @@ def make_image_processor() -> Any:
                                     merge_size=MERGE, temporal_patch_size=TEMPORAL)
 
 
+def make_video_processor() -> Any:
+    """The Qwen2-VL video processor with the image processor's min/max pixels (clips' frames are
+    given to it as they are: mmenc samples them)."""
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    return Qwen2VLVideoProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH,
+                                 merge_size=MERGE, temporal_patch_size=TEMPORAL)
+
+
 def make_qwen_tokenizer() -> Any:
     """A tiny byte-less Qwen2 BPE tokenizer (printable ASCII characters, no merges)."""
     from transformers import Qwen2Tokenizer
@@ -51,6 +60,7 @@ def _save(path: str | os.PathLike, model: Any, with_tokenizer: bool) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     make_image_processor().save_pretrained(out)
+    make_video_processor().save_pretrained(out)
     if with_tokenizer:
         make_qwen_tokenizer().save_pretrained(out)
     return out
@@ -114,4 +124,28 @@ def reference_image_features(model_dir: str | os.PathLike, images: list[Any], dt
             pooled = feats if isinstance(feats, (torch.Tensor, list, tuple)) else feats.pooler_output
             tensor = pooled[0] if isinstance(pooled, (list, tuple)) else pooled
             out.append((tensor.float(), tuple(int(x) for x in inputs["image_grid_thw"][0])))
+    return out
+
+
+def reference_video_features(model_dir: str | os.PathLike, clips: list[list[Any]]) -> list[Any]:
+    """The model's own reference for video: the full model's `get_video_features` through its own
+    video processor (frames given as they are); one float32 `[tokens, dim]` tensor per clip, plus grids."""
+    import torch
+    from transformers import AutoConfig, AutoVideoProcessor
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if config.model_type == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLForConditionalGeneration as cls
+    else:
+        from transformers import Qwen2VLForConditionalGeneration as cls
+    model = cls.from_pretrained(model_dir, dtype=torch.float32).eval()
+    processor = AutoVideoProcessor.from_pretrained(model_dir)
+    out = []
+    with torch.inference_mode():
+        for frames in clips:
+            inputs = processor(videos=[frames], return_tensors="pt", do_sample_frames=False)
+            feats = model.get_video_features(inputs["pixel_values_videos"], inputs["video_grid_thw"])
+            pooled = feats if isinstance(feats, (torch.Tensor, list, tuple)) else feats.pooler_output
+            tensor = pooled[0] if isinstance(pooled, (list, tuple)) else pooled
+            out.append((tensor.float(), tuple(int(x) for x in inputs["video_grid_thw"][0])))
     return out

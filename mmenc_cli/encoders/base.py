@@ -132,6 +132,12 @@ class Encoder(ABC):
     def image_preprocessor(self) -> ImagePreprocessor:
         """A picklable callable for worker processes (raise when images are not offered)."""
 
+    def video_preprocessor(self) -> Callable[[list["Image.Image"]], Any] | None:
+        """A picklable callable for the workers turning a clip's sampled RGB frames into one payload
+        (e.g. a VL model's own video processor); None: each frame goes through the image
+        preprocessor and the payload is a `VideoInput` (the pooled families' mean of frames)."""
+        return None
+
     def audio_preprocessor(self) -> AudioPreprocessor:
         """A picklable callable for worker processes (raise when audio is not offered)."""
         raise ValueError(f"{self.info.get('model')}: this model does not encode audio")

@@ -153,8 +153,8 @@ def load_model(probe: ModelProbe, cfg: "ModelConfig", device: str, dtype: "torch
 
 def load_part(kind: str, probe: ModelProbe, cfg: "ModelConfig",
               subfolder: str = "") -> tuple[Any, str | None]:
-    """The model's tokenizer (`kind="text"`), image processor (`kind="image"`) or audio feature
-    extractor (`kind="audio"`), or (None, why).
+    """The model's tokenizer (`kind="text"`), image processor (`kind="image"`), audio feature
+    extractor (`kind="audio"`) or video processor (`kind="video"`), or (None, why).
 
     Image processors are loaded with the PIL backend: it is transformers' reference
     implementation, identical with or without torchvision, and the one the uint8 path reproduces.
@@ -171,12 +171,17 @@ def load_part(kind: str, probe: ModelProbe, cfg: "ModelConfig",
             return AutoTokenizer.from_pretrained(probe.source, **kwargs), None
         if kind == "audio":
             return AutoFeatureExtractor.from_pretrained(probe.source, **kwargs), None
+        if kind == "video":
+            from transformers import AutoVideoProcessor
+
+            return AutoVideoProcessor.from_pretrained(probe.source, **kwargs), None
         try:
             return AutoImageProcessor.from_pretrained(probe.source, backend="pil", **kwargs), None
         except TypeError:  # remote-code processors that do not take `backend`
             return AutoImageProcessor.from_pretrained(probe.source, **kwargs), None
     except Exception as exc:  # absent files or unusable processor: the modality is unavailable
-        what = {"text": "tokenizer", "image": "image processor", "audio": "audio feature extractor"}[kind]
+        what = {"text": "tokenizer", "image": "image processor", "audio": "audio feature extractor",
+                "video": "video processor"}[kind]
         return None, f"no usable {what}: {first_line(exc)}"
 
 

@@ -28,7 +28,7 @@ from ..errors import MMError, ModelLoadError
 from .base import EncodeOutput, Encoder, ImageInput
 from .device import resolve_dtype, to_device
 from .loading import ModelProbe, fetch_file, load_part
-from .qwen_vl_preprocess import plan_preprocessor
+from .qwen_vl_preprocess import QwenVideoPreprocessor, plan_preprocessor
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -60,7 +60,8 @@ def _images(n: int) -> str:
 
 
 class QwenVLEncoder(Encoder):
-    """A Qwen2-VL / Qwen2.5-VL vision tower behind the `Encoder` protocol (images only).
+    """A Qwen2-VL / Qwen2.5-VL vision tower behind the `Encoder` protocol: images, and video clips
+    when the model has a video processor (the same tower on temporal patches of their frames).
 
     `pooling="tokens"`: `output_kind` "tokens", one float32 `[tokens_i, dim]` tensor per image.
     `pooling="mean"`: `output_kind` "pooled", the mean of each image's tokens.
@@ -75,7 +76,7 @@ class QwenVLEncoder(Encoder):
     default_normalize = False
 
     def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, visual: Any, processor: Any, *,
-                 pooling: str, weights: dict[str, Any] | None = None) -> None:
+                 pooling: str, weights: dict[str, Any] | None = None, video_processor: Any = None) -> None:
         import torch
 
         if pooling not in ("tokens", "mean"):
@@ -86,6 +87,8 @@ class QwenVLEncoder(Encoder):
         self._prep, table = plan_preprocessor(processor, visual.config)
         plan = self._prep if table is not None else self._prep.plan
         self.merge = plan.merge_size
+        self._video = None if video_processor is None else QwenVideoPreprocessor(video_processor, plan.merge_size)
+        self.modalities = frozenset({"image", "video"} if self._video is not None else {"image"})
         self._patch, self._temporal = plan.patch_size, plan.temporal_patch_size
         self._table = None
         if table is not None:
@@ -101,6 +104,7 @@ class QwenVLEncoder(Encoder):
             "min_pixels": plan.min_pixels, "max_pixels": plan.max_pixels, "patch_size": plan.patch_size,
             "merge_size": plan.merge_size, "temporal_patch_size": plan.temporal_patch_size,
             "default_normalize": False, "compile": False, "weights": dict(weights or {}),
+            "video_input": None if self._video is None else "float32-patches",
         }
         if cfg.compile:
             log.warning("--compile is not used for Qwen2-VL towers (every batch has another shape)")
@@ -112,8 +116,12 @@ class QwenVLEncoder(Encoder):
         """The picklable worker-side preprocessor (torch-free on the uint8 path)."""
         return self._prep
 
+    def video_preprocessor(self) -> Any:
+        """The model's own video processor for a clip's sampled frames (in the workers)."""
+        return self._video
+
     def encode(self, modality: str, payloads: Sequence[ImageInput]) -> EncodeOutput:
-        """Encode images: one float32 `[tokens, dim]` tensor each (tokens) or `[n, dim]` (mean).
+        """Encode images or video clips: one float32 `[tokens, dim]` tensor each (tokens) or `[n, dim]` (mean).
 
         Raises (so the batch is bisected) when preprocessing's grids do not match the images, or
         the tower's outputs do not match the batch; an `MMError` raised for a single image is
@@ -121,8 +129,8 @@ class QwenVLEncoder(Encoder):
         """
         import torch
 
-        if modality != "image":
-            raise ValueError(f"Qwen2-VL vision towers do not encode {modality!r}")
+        if modality not in self.modalities:
+            raise ValueError(f"this Qwen2-VL vision tower does not encode {modality!r}")
         n = len(payloads)
         with torch.inference_mode():
             pixel_values, grid = self._prepare(payloads)
@@ -170,7 +178,7 @@ class QwenVLEncoder(Encoder):
         """The batch's `pixel_values` `[sum(t*h*w), C*T*p*p]` (model dtype) and `grid_thw` `[n, 3]`."""
         import torch
 
-        grids = [p.meta["image_grid_thw"] for p in payloads]
+        grids = [p.meta.get("image_grid_thw") or p.meta["video_grid_thw"] for p in payloads]
         flat = np.concatenate([p.pixels for p in payloads]) if payloads else np.zeros((0, 0), np.uint8)
         pixels = to_device(torch.from_numpy(flat), self.device)
         if pixels.dtype == torch.uint8:
@@ -309,5 +317,7 @@ def load(probe: ModelProbe, cfg: "ModelConfig", device: str) -> QwenVLEncoder:
     processor, why = load_part("image", probe, cfg)
     if processor is None:
         raise ModelLoadError(f"{probe.source}: {why}")
+    video, _ = load_part("video", probe, cfg)  # none: images only
     visual, weights = load_vision_tower(probe, cfg, resolve_dtype(cfg.dtype, device))
-    return QwenVLEncoder(probe, cfg, device, visual.to(device), processor, pooling=cfg.pooling, weights=weights)
+    return QwenVLEncoder(probe, cfg, device, visual.to(device), processor, pooling=cfg.pooling, weights=weights,
+                         video_processor=video)

@@ -7,6 +7,10 @@ normalizes them on the device (`qwen_vl.py`). Processors this module cannot repr
 running the processor in the worker (`QwenProcessorPreprocessor`, float32 patches). Per image the
 worker also records `meta`: `image_grid_thw` (t, h, w), `tokens` = t*h*w / merge_size^2,
 `orig_size` (w, h), `min_pixels`, `max_pixels`.
+
+Video clips (`QwenVideoPreprocessor`): the frames mmenc sampled go through the model's own video
+processor in the worker (temporal patches of `temporal_patch_size` frames, the last frame repeated
+to fill the last patch), float32 patches with `video_grid_thw` in `meta`.
 """
 
 from __future__ import annotations
@@ -114,6 +118,26 @@ class QwenProcessorPreprocessor(ImagePreprocessor):
         patches = np.asarray(out["pixel_values"], dtype=np.float32)
         grid = (int(grids[0][0]), int(grids[0][1]), int(grids[0][2]))
         return ImageInput(patches, self.plan.meta(grid, image.size))
+
+
+@dataclass(frozen=True)
+class QwenVideoPreprocessor:
+    """Worker side: a clip's sampled frames -> the video processor's float32 patches `[t*h*w,
+    C*T*p*p]` + `video_grid_thw`. Unpickling it imports transformers (and torch) in the worker."""
+
+    processor: Any
+    merge_size: int
+
+    def __call__(self, frames: "list[Image.Image]") -> ImageInput:
+        out = self.processor(videos=[[to_rgb(f) for f in frames]], return_tensors="np", do_sample_frames=False)
+        grids = np.asarray(out["video_grid_thw"]).reshape(-1, 3)
+        if len(grids) != 1:
+            raise MMError(f"the video processor produced {len(grids)} grids for one clip",
+                          stage="preprocess", reason="preprocess.failed")
+        t, h, w = (int(x) for x in grids[0])
+        meta = {"video_grid_thw": (t, h, w), "tokens": t * h * w // self.merge_size ** 2,
+                "orig_size": tuple(int(x) for x in frames[0].size), "frames": len(frames)}
+        return ImageInput(np.asarray(out["pixel_values_videos"], dtype=np.float32), meta)
 
 
 def plan_preprocessor(processor: Any, vision_config: Any) -> tuple[Any, np.ndarray | None]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -32,11 +32,13 @@ _STATE: dict[str, Any] = {}
 
 @dataclass(frozen=True)
 class Preprocessors:
-    """What the workers need of the model: the image preprocessor (also applied to each video
-    frame), the audio one, and how many frames a video clip gives (`frames`, resolved)."""
+    """What the workers need of the model: the image preprocessor, the audio one, the video one
+    (None: each frame through the image preprocessor, a `VideoInput`), and how many frames a
+    video clip gives (`frames`, resolved)."""
 
     image: ImagePreprocessor | None = None
     audio: AudioPreprocessor | None = None
+    video: Callable[[list[Any]], Any] | None = None
     frames: int = DEFAULT_FRAMES
 
 
@@ -112,8 +114,8 @@ def decode_one(source: str | bytes, base_dir: str, pre: Preprocessors, media: Me
         value: Any
         if modality == "image":
             value = pre.image(found)  # type: ignore[misc]
-        elif modality == "audio":
-            value = pre.audio(found)  # type: ignore[misc]
+        elif modality == "audio" or pre.video is not None:
+            value = (pre.audio if modality == "audio" else pre.video)(found)  # type: ignore[misc]
             value.meta["cut"] = cut
         else:
             value = VideoInput([pre.image(im) for im in found], {"cut": cut})  # type: ignore[misc]

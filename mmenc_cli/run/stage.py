@@ -71,7 +71,7 @@ class EncodeStage:
             self.counters.add(modality, "not_attempted", len(items))
             self._drop_pending()
             raise
-        metas = [payload.meta if modality == "image" else None for payload in payloads]  # grids of token outputs
+        metas = [None if modality == "text" else payload.meta for payload in payloads]  # grids of token outputs
         self.counters.add_seconds("encode", time.perf_counter() - t0)
         previous, self.pending = self.pending, (launched, items, metas)
         if previous is not None:

@@ -60,7 +60,7 @@ class Stages:
             frames = self.cfg.media.frames_per_clip(encoder.default_frames)
             pre = Preprocessors(image=encoder.image_preprocessor() if "image" in encoder.modalities else None,
                                 audio=encoder.audio_preprocessor() if "audio" in encoder.modalities else None,
-                                frames=frames)
+                                video=encoder.video_preprocessor(), frames=frames)
             make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731
                                            stop=self.run.stop, slots=in_flight + CHUNK + batch.batch_size,
                                            idle=stage.flush)

@@ -88,5 +88,7 @@ class TokenShardWriter:
 
 
 def _grid(meta: dict[str, Any]) -> list[int] | None:
-    grid = meta.get("image_grid_thw")
+    """An image's `image_grid_thw` or a video clip's `video_grid_thw` (both in the index's
+    `image_grid_thw` column; the `modality` column tells them apart)."""
+    grid = meta.get("image_grid_thw") or meta.get("video_grid_thw")
     return [int(x) for x in grid] if grid is not None else None

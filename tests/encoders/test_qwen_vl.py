@@ -84,7 +84,7 @@ def test_worker_preprocessing_is_torch_free(qwen2vl: Path, tmp_path: Path) -> No
 def test_tokens_equal_the_models_own_get_image_features(which: str, request: pytest.FixtureRequest) -> None:
     model = request.getfixturevalue(which)
     enc = load(model)
-    assert enc.output_kind == "tokens" and enc.modalities == frozenset({"image"}) and enc.dim == mf.HIDDEN
+    assert enc.output_kind == "tokens" and enc.modalities == frozenset({"image", "video"}) and enc.dim == mf.HIDDEN
     imgs = images()
     out = enc.encode("image", [enc.image_preprocessor()(im) for im in imgs]).vectors  # one batch
     ref = mf.reference_image_features(model, imgs)
@@ -157,7 +157,7 @@ def test_processor_only_folder_without_tokenizer_encodes_images(tmp_path: Path) 
     model = mf.make_tiny_qwen2vl(tmp_path / "no-tok", with_tokenizer=False)
     assert not any(p.name.startswith(("tokenizer", "vocab", "merges")) for p in model.iterdir())
     enc = load(model)
-    assert enc.modalities == frozenset({"image"})
+    assert enc.modalities == frozenset({"image", "video"})
     assert enc.encode("image", [enc.image_preprocessor()(images()[0])]).vectors[0].shape == (6, mf.HIDDEN)
 
 

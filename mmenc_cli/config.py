@@ -13,7 +13,7 @@ from .cpus import usable_cpus
 from .errors import ConfigError
 from .records import MODALITIES
 
-POOLINGS = ("auto", "cls", "mean", "tokens")
+POOLINGS = ("auto", "cls", "mean", "tokens", "frames")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 OUT_DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("parquet", "safetensors")
@@ -235,8 +235,8 @@ class RunConfig:
             raise ConfigError("--max-error-rate must be between 0 and 1")
         if self.max_errors is not None and self.max_errors < 0:
             raise ConfigError("--max-errors must be >= 0")
-        if self.model.pooling == "tokens" and self.writer.format != "safetensors":
-            raise ConfigError("--pooling tokens writes token embeddings: use --format safetensors")
+        if self.model.pooling in ("tokens", "frames") and self.writer.format != "safetensors":
+            raise ConfigError(f"--pooling {self.model.pooling} writes one tensor per item: use --format safetensors")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy for the run metadata."""

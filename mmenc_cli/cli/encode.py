@@ -139,7 +139,7 @@ def encode(
     csv_multiline: Annotated[bool, typer.Option("--csv-multiline", help="CSV quoted fields span lines: split tasks by parsing from the top (exact, slower).")] = False,
     text_prefix: Annotated[str, typer.Option(help='Prepended to every text, e.g. "query: ".')] = "",
     max_length: Annotated[Optional[int], typer.Option(help="Cap on text tokens (default: the model's limit).")] = None,
-    pooling: Annotated[str, typer.Option(help="auto, cls, mean or tokens.")] = "auto",
+    pooling: Annotated[str, typer.Option(help="auto, cls, mean, tokens (token-level models) or frames (per-frame embeddings of video clips).")] = "auto",
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalize vectors (default: the model's convention; recorded).")] = None,
     batch_size: Annotated[int, typer.Option(help="Items per micro-batch.")] = 32,
     max_batch_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch (token-level models).")] = None,

@@ -91,6 +91,16 @@ def load_encoder(cfg: "ModelConfig", device: str | None = None) -> Encoder:
     Raises `ModelLoadError` for a missing folder, an unreachable hub, an unsupported model or
     pooling, weights that cannot load, or a model that fails a one-item test encode.
     """
+    if cfg.pooling == "frames":  # the model's own adapter, its per-frame outputs kept apart
+        from dataclasses import replace
+
+        from .clips import FramesEncoder
+
+        try:
+            inner = load_encoder(replace(cfg, pooling="auto"), device)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"--pooling frames: {exc}") from exc
+        return FramesEncoder(inner)
     library, name = split_model(cfg.model)
     probe = probe_model(cfg) if library is None else None
     if probe is not None and probe.model_type == "timm_wrapper":  # a timm repository on the hub

@@ -121,6 +121,9 @@ class Encoder(ABC):
     info: dict[str, Any]
     #: "pooled" (one vector per item) or "tokens" (one [tokens, dim] tensor per item)
     output_kind: str = "pooled"
+    #: token outputs whose rows are embeddings in their own right (`--pooling frames`): the run
+    #: normalizes each row when normalizing is on (pooled vectors are always normalizable)
+    normalizes_rows: bool = False
     #: where the model runs: "cpu", "cuda", "cuda:1", "mps"
     device: str = "cpu"
     #: texts longer than this many characters are cut before tokenizing (None: no cut)

@@ -1,5 +1,6 @@
-"""Audio and video payloads in the encoder: audio features into a device batch, and a video
-clip's embedding as the mean of its sampled frames' image embeddings.
+"""Audio and video payloads in the encoder: audio features into a device batch, a video clip's
+embedding as the mean of its sampled frames' image embeddings, and its per-frame embeddings
+(`FramesEncoder`, `--pooling frames`).
 
 The mean is taken of the frames' raw embeddings; the run normalizes it afterwards when
 normalizing is on (so a clip's vector is the normalized mean, not the mean of normalized frames).
@@ -11,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .base import AudioInput, EncodeOutput, ImageInput, VideoInput
+from ..errors import ModelLoadError
+from .base import AudioInput, EncodeOutput, Encoder, ImageInput, ImagePreprocessor, VideoInput
 from .device import to_device
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,3 +44,42 @@ def collate_audio(payloads: Sequence[AudioInput], device: str, dtype: "torch.dty
         tensor = to_device(stacked, device)
         out[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
     return out
+
+
+class FramesEncoder(Encoder):
+    """`--pooling frames`: a pooled image model's per-frame embeddings of each video clip, one
+    `[frames, dim]` tensor per clip (written as token shards with an index). Wraps the model's
+    own adapter (loaded with `--pooling auto`); rows are normalized when normalizing is on."""
+
+    output_kind = "tokens"
+    normalizes_rows = True
+
+    def __init__(self, inner: Encoder) -> None:
+        if "video" not in inner.modalities or inner.video_preprocessor() is not None:
+            raise ModelLoadError(f"--pooling frames needs a pooled image model (CLIP, SigLIP, ViT, OpenCLIP, "
+                                 f"timm); {inner.info.get('model')} encodes video its own way: use its poolings")
+        self.inner = inner
+        self.modalities = frozenset({"video"})
+        self.dim, self.default_normalize, self.device = inner.dim, inner.default_normalize, inner.device
+        self.default_frames = inner.default_frames
+        self.info = {**inner.info, "pooling": "frames"}
+
+    def image_preprocessor(self) -> ImagePreprocessor:
+        return self.inner.image_preprocessor()
+
+    def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
+        """One float32 `[frames, dim]` tensor per clip (its frames encoded as one image batch)."""
+        import torch
+
+        if modality != "video":
+            raise ValueError(f"--pooling frames encodes video clips only, not {modality!r}")
+        frames = [frame for clip in payloads for frame in clip.frames]
+        vectors = self.inner.encode("image", frames).vectors
+        assert isinstance(vectors, torch.Tensor)
+        return EncodeOutput([part.float() for part in torch.split(vectors, [len(c.frames) for c in payloads])])
+
+    def device_seconds(self) -> float | None:
+        return self.inner.device_seconds()
+
+    def forward_summary(self) -> dict[str, Any] | None:
+        return self.inner.forward_summary()

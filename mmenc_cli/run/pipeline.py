@@ -161,7 +161,8 @@ class EncodeRun:
         (video, which an image model encodes frame by frame, only when asked). Audio or video asked
         without PyAV installed stops here (exit 3)."""
         facts = self.facts
-        modalities = tuple(self.cfg.modalities or [m for m in facts["modalities"] if m != "video"])
+        towers = [m for m in facts["modalities"] if m != "video"] or facts["modalities"]  # video alone: frames
+        modalities = tuple(self.cfg.modalities or towers)
         missing = [m for m in modalities if m not in facts["modalities"]]
         if missing:
             raise OutputError(f"model {self.cfg.model.model} cannot encode {', '.join(missing)} "

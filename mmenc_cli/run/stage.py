@@ -44,7 +44,8 @@ class EncodeStage:
     def __init__(self, encoder: Encoder, batch_size: int, grow_after: int, normalize: bool,
                  counters: Counters, failures: FailureSink, committer: ShardCommitter,
                  events: list[str], progress: Callable[[Counters], None]) -> None:
-        self.encoder, self.normalize = encoder, normalize and encoder.output_kind == "pooled"
+        self.encoder = encoder
+        self.normalize = normalize and (encoder.output_kind == "pooled" or encoder.normalizes_rows)
         self.counters, self.failures, self.committer = counters, failures, committer
         self.events, self.progress = events, progress
         self.runner = BatchRunner(self._encode_fn, batch_size, grow_after=grow_after,
@@ -57,7 +58,9 @@ class EncodeStage:
         if self.normalize:
             import torch
 
-            out.vectors = torch.nn.functional.normalize(out.vectors.float(), p=2, dim=-1)
+            normalize = torch.nn.functional.normalize
+            out.vectors = ([normalize(v.float(), p=2, dim=-1) for v in out.vectors] if isinstance(out.vectors, list)
+                           else normalize(out.vectors.float(), p=2, dim=-1))
         return out
 
     def __call__(self, modality: str, items: list[Item], payloads: list[Any]) -> None:

@@ -58,7 +58,8 @@ class Stages:
             workers = batch.workers_per_device(len(self.cfg.model.devices))
             in_flight = max(batch.batch_size * batch.prefetch_batches, 2 * CHUNK * workers)  # every worker busy
             frames = self.cfg.media.frames_per_clip(encoder.default_frames)
-            pre = Preprocessors(image=encoder.image_preprocessor() if "image" in encoder.modalities else None,
+            pictures = {"image", "video"} & encoder.modalities  # a clip's frames go through the image preprocessor
+            pre = Preprocessors(image=encoder.image_preprocessor() if pictures else None,
                                 audio=encoder.audio_preprocessor() if "audio" in encoder.modalities else None,
                                 video=encoder.video_preprocessor(), frames=frames)
             make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731

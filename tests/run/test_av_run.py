@@ -84,8 +84,8 @@ def test_a_clap_run_over_every_audio_format_and_fault(tmp_path: Path, tiny_clap:
     assert retry["codec"] == {"id": "codec", "audio": str(media / "u.wav")}
 
 
-def reference_video(clip_dir: Path, frames: list) -> np.ndarray:  # type: ignore[type-arg]
-    """transformers' own call on a clip's frames, averaged, normalized (CLIP's convention)."""
+def reference_frames(clip_dir: Path, frames: list) -> np.ndarray:  # type: ignore[type-arg]
+    """transformers' own call on a clip's frames: `[frames, dim]`, not normalized."""
     import torch
     from transformers import AutoImageProcessor, CLIPModel
 
@@ -94,8 +94,12 @@ def reference_video(clip_dir: Path, frames: list) -> np.ndarray:  # type: ignore
     pixels = processor(frames, return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         out = model.get_image_features(pixel_values=pixels)
-    vectors = out if isinstance(out, torch.Tensor) else out.pooler_output
-    return unit(vectors.numpy().mean(axis=0))
+    return (out if isinstance(out, torch.Tensor) else out.pooler_output).numpy()
+
+
+def reference_video(clip_dir: Path, frames: list) -> np.ndarray:  # type: ignore[type-arg]
+    """The mean of the frames' embeddings, normalized (CLIP's convention)."""
+    return unit(reference_frames(clip_dir, frames).mean(axis=0))
 
 
 def test_a_clip_run_over_video_clips_is_the_mean_of_their_frames(tmp_path: Path, tiny_clip: Path) -> None:
@@ -120,6 +124,24 @@ def test_a_clip_run_over_video_clips_is_the_mean_of_their_frames(tmp_path: Path,
 
     default = run_encode(cfg_for(manifest, tmp_path / "default", tiny_clip))  # video only when asked
     assert default.counters.mod("video").requested == 0 and default.counters.mod("image").encoded == 1
+
+
+def test_pooling_frames_writes_each_clips_frame_embeddings(tmp_path: Path, tiny_clip: Path) -> None:
+    from mmenc_cli.reader import iter_token_embeddings
+
+    clips = {"a": mf.make_video(tmp_path / "a.mp4", "mp4", seconds=2.0),
+             "b": mf.make_video(tmp_path / "b.webm", "webm", seconds=1.0)}
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": k, "video": str(p), "text": "x"} for k, p in clips.items()])
+    cfg = cfg_for(manifest, tmp_path / "out", tiny_clip, frames=3)
+    cfg = RunConfig(**{**cfg.__dict__, "model": ModelConfig(model=str(tiny_clip), device="cpu", pooling="frames"),
+                       "writer": WriterConfig(out=str(tmp_path / "out"), format="safetensors", out_dtype="float32")})
+    res = run_encode(cfg)  # the default modalities of --pooling frames: video
+    assert res.counters.balanced and res.counters.mod("video").encoded == 2 and res.counters.mod("text").requested == 0
+    got = {e.id: e.array for e in iter_token_embeddings(tmp_path / "out", modality="video")}
+    for key, path in clips.items():
+        frames, _ = decode_frames(str(path), 3, None, 3600.0, 10**8)
+        assert got[key].shape == (3, 16)
+        np.testing.assert_allclose(got[key], unit(reference_frames(tiny_clip, frames)), atol=1e-5, rtol=0)
 
 
 def test_folders_and_tar_shards_hold_audio_and_video_members(tmp_path: Path, tiny_clap: Path,

@@ -3,7 +3,8 @@
 Which frames: `frames` spread uniformly over the clip (the frame at the middle of each of
 `frames` equal spans), or with `fps` one frame every 1/fps seconds (at most `frames` of them,
 spread uniformly when there would be more). Only the first `max_seconds` count; a longer clip is
-cut (counted as truncated).
+cut (counted as truncated). A clip whose frames stop well before the duration its container
+declares (a partial download) is 400, not its last frame repeated.
 
 How: for each sampled time the decoder seeks back to the key frame before it and decodes forward
 to the first frame at or after that time, unless the time is at most `FORWARD_S` ahead of where
@@ -24,6 +25,9 @@ from .clips import decode_error, open_media, pick_stream
 
 #: seconds ahead of the decoder's position within which it decodes on rather than seeking
 FORWARD_S = 1.0
+#: a clip whose frames end more than this (or a tenth of the span) before the last sampled time
+#: is truncated (a partial download): 400, not the last frame repeated
+TRUNCATED_S = 1.0
 
 
 def sample_times(duration: float, frames: int, fps: float | None) -> list[float]:
@@ -49,9 +53,12 @@ def decode_frames(source: str | bytes, frames: int, fps: float | None, max_secon
         start, duration = _span(container, stream)
         span = min(duration, max_seconds)
         times = sample_times(span, frames, fps) if span > 0 else [0.0]
-        images = _frames_at(container, stream, [start + t for t in times])
+        images, last = _frames_at(container, stream, [start + t for t in times])
     if not images:
         raise decode_error("the video stream holds no frames", "media.unreadable")
+    if last is not None and start + times[-1] - last > max(TRUNCATED_S, 0.1 * span):
+        raise decode_error(f"the video stream ends at {last - start:.2f} s, but the clip says it lasts "
+                           f"{duration:.2f} s: truncated or corrupt", "media.unreadable")
     return images, duration > max_seconds
 
 
@@ -73,14 +80,15 @@ def _span(container: Any, stream: Any) -> tuple[float, float]:
     return start, max(0.0, (last or 0.0) - start)
 
 
-def _frames_at(container: Any, stream: Any, targets: list[float]) -> list[Image.Image]:
-    """The first frame at or after each target time (the last frame for a target past the end)."""
+def _frames_at(container: Any, stream: Any, targets: list[float]) -> tuple[list[Image.Image], float | None]:
+    """The first frame at or after each target time (the last frame for a target past the end),
+    and the time of the last frame decoded when the stream ended before a target (else None)."""
     base = float(stream.time_base)
     tolerance = 0.5 / float(stream.average_rate) if stream.average_rate else 0.0
     out: list[Image.Image] = []
     decoded: Iterator[Any] | None = None
     position = -math.inf  # time of the last frame decoded
-    last = None
+    last, ended = None, None
     for target in targets:
         if decoded is None or target > position + FORWARD_S or target < position - tolerance:
             container.seek(max(0, int(target / base)), stream=stream, backward=True, any_frame=False)
@@ -94,9 +102,10 @@ def _frames_at(container: Any, stream: Any, targets: list[float]) -> list[Image.
         else:
             decoded = iter(())  # the stream ended: later targets take the last frame too
             frame = last
+            ended = position
         if frame is not None:
             out.append(frame.to_image())
-    return out
+    return out, ended
 
 
 def _decode(container: Any, stream: Any) -> Iterator[Any]:

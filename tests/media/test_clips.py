@@ -111,6 +111,8 @@ def test_broken_and_odd_files_become_the_right_errors(tmp_path: Path) -> None:
                           "media.unsupported_format"),
         "no video stream": (decode_frames, str(audio_only), 422, "media.no_stream"),
         "no audio stream": (decode_audio, str(clip), 422, "media.no_stream"),
+        "half a webm": (decode_frames, str(mf.truncate(mf.make_video(tmp_path / "w.webm", "webm", seconds=3.0),
+                                                       tmp_path / "half.webm", 0.5)), 400, "media.unreadable"),
     }
     for name, (fn, source, code, reason) in cases.items():
         args = (source, 4, None, 3600.0, PIXELS) if fn is decode_frames else (source, 16000, None)

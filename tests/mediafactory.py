@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import shutil
 import struct
-from fractions import Fraction
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 

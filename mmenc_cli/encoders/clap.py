@@ -15,13 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .base import AudioInput, AudioPreprocessor
-from .device import resolve_dtype
-from .hf import HFEncoder, Inputs, keep_accepted, pooled
-from .loading import ModelProbe, load_model, load_part, text_limit
+from .clip import DualTowerEncoder, load_towers
+from .hf import HFEncoder
+from .loading import ModelProbe
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
     from ..config import ModelConfig
 
 
@@ -40,33 +38,16 @@ class ExtractorAudio(AudioPreprocessor):
         return AudioInput({key: np.asarray(value)[0] for key, value in out.items()})
 
 
-class ClapEncoder(HFEncoder):
+class ClapEncoder(DualTowerEncoder):
     """CLAP: `get_audio_features` / `get_text_features` (projected, pooled)."""
 
     family = "clap"
     towers = frozenset({"audio", "text"})
 
-    def __init__(self, probe: ModelProbe, cfg: "ModelConfig", device: str, model: Any, **kwargs: Any) -> None:
-        self._audio_keys = keep_accepted(model.get_audio_features)
-        self._text_keys = keep_accepted(model.get_text_features)
-        super().__init__(probe, cfg, device, model, **kwargs)
-
-    def _embed_audio(self, inputs: Inputs) -> "torch.Tensor":
-        return pooled(self.model.get_audio_features(**self._audio_keys(inputs)))
-
-    def _embed_text(self, inputs: Inputs) -> "torch.Tensor":
-        return pooled(self.model.get_text_features(**self._text_keys(inputs)))
-
 
 def load(probe: ModelProbe, cfg: "ModelConfig", device: str) -> HFEncoder:
     """Load a CLAP model with its tokenizer and feature extractor (whichever exist)."""
-    model, _ = load_model(probe, cfg, device, resolve_dtype(cfg.dtype, device))
-    tokenizer, no_text = load_part("text", probe, cfg)
-    extractor, no_audio = load_part("audio", probe, cfg)
-    max_length = None
-    if tokenizer is not None:
-        max_length = text_limit(tokenizer, getattr(probe.config, "text_config", probe.config), None, cfg.max_length)
-    unavailable = {k: v for k, v in (("text", no_text), ("audio", no_audio)) if v}
-    return ClapEncoder(probe, cfg, device, model, tokenizer=tokenizer, max_length=max_length,
+    model, tokenizer, extractor, text = load_towers(probe, cfg, device, "audio")
+    return ClapEncoder(probe, cfg, device, model, tokenizer=tokenizer,
                        audio=None if extractor is None else ExtractorAudio(extractor),
-                       default_normalize=True, pooling="projection", unavailable=unavailable)
+                       default_normalize=True, pooling="projection", **text)

@@ -35,19 +35,19 @@ from PIL import Image
 from ..config import MediaConfig
 from . import http
 from .decode import Draft, configure_pillow, decode_image
-from .stores import read_fsspec
 from .sources import (
     SCHEME,
     Source,
+    check_file,
     check_payload,
     data_uri_bytes,
     describe_source,
     file_url_path,
-    check_file,
     guard,
     load_error,
     read_file,
 )
+from .stores import read_fsspec
 
 __all__ = ["configure_pillow", "describe_source", "load_clip", "load_encoded", "load_image"]
 

@@ -16,7 +16,7 @@ import contextlib
 import io
 from typing import Any, Iterator
 
-from ..errors import ModelLoadError, MMError, trim_message
+from ..errors import MMError, ModelLoadError, trim_message
 
 #: what a missing PyAV install says (a run with audio or video items stops at start, exit 3)
 AV_EXTRA = 'audio and video need PyAV: pip install "mmenc[av]"'

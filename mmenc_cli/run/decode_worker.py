@@ -21,8 +21,8 @@ from ..config import DEFAULT_FRAMES, MediaConfig
 from ..encoders.base import AudioInput, AudioPreprocessor, ImageInput, ImagePreprocessor, VideoInput
 from ..errors import MMError, classify
 from ..media import configure_pillow, load_clip, load_encoded, load_image
-from ..media.decode import decode_image, device_jpeg
 from ..media.audio import decode_audio
+from ..media.decode import decode_image, device_jpeg
 from ..media.sources import guard
 from ..media.video import decode_frames
 from .shm import Slot, SlotWriter
@@ -124,7 +124,8 @@ def decode_one(source: str | bytes, base_dir: str, pre: Preprocessors, media: Me
         return Decoded(None, classify(exc, stage), (time.perf_counter() - t0, 0.0))
 
 
-def _clip(modality: str, source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaConfig) -> tuple[Any, bool]:
+def _clip(modality: str, source: str | bytes, base_dir: str, pre: Preprocessors,
+          media: MediaConfig) -> tuple[Any, bool]:
     """An audio clip's mono samples at the model's rate, or a video clip's sampled frames, and
     whether the clip was cut (longer than the limit, or than the model's audio window)."""
     clip = load_clip(source, base_dir, media.limit_bytes(modality))

@@ -25,8 +25,8 @@ from ..config import RunConfig
 from ..encoders.base import Encoder
 from ..encoders.device_decode import jpeg_decoder
 from ..errors import DeviceError, LockWaitInterrupted, MMError, OutputError
-from ..media.clips import require_av
 from ..idset import HashSet64, id_hash
+from ..media.clips import require_av
 from ..outdir import OutDir
 from ..readers import iter_rows
 from ..records import InvalidRow, Item, ManifestRow, NotDownloaded
@@ -37,8 +37,8 @@ from .devices import run_devices
 from .failures import FailureSink
 from .metadata import decode_mode, fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
 from .resume import History, check_commit, check_output, load_history, open_output
-from .stopping import Interrupted, interruptible
 from .stages import Stages
+from .stopping import Interrupted, interruptible
 
 log = logging.getLogger("mmenc")
 

@@ -68,7 +68,8 @@ def test_a_token_run_over_clips_and_the_vllm_export(tmp_path: Path, clips: dict[
     model = vl.make_tiny_qwen2vl(tmp_path / "q")
     silent = mf.make_audio_only_mp4(tmp_path / "silent.mp4")
     rows = [{"id": k, "video": str(p)} for k, p in clips.items()]
-    rows += [{"id": "silent", "video": str(silent)}, {"id": "cut", "video": str(mf.truncate(clips["a"], tmp_path / "t.mp4"))}]
+    cut = mf.truncate(clips["a"], tmp_path / "t.mp4")
+    rows += [{"id": "silent", "video": str(silent)}, {"id": "cut", "video": str(cut)}]
     manifest = write_jsonl(tmp_path / "m.jsonl", rows)
     res = run_encode(cfg(manifest, tmp_path / "out", model))
     video = res.counters.mod("video")
@@ -112,4 +113,5 @@ def test_a_token_count_mismatch_fails_only_its_clip(tmp_path: Path, clips: dict[
     assert res.counters.balanced and res.counters.mod("video").encoded == 2
     expected = guilty[0] * guilty[1] * guilty[2] // 4
     assert [(e["id"], e["code"], e["reason"], e["message"]) for e in error_rows(tmp_path / "out")] == [
-        ("b", 500, "encode.token_mismatch", f"Encoder produced {expected - 1} tokens, but preprocessing expected {expected}")]
+        ("b", 500, "encode.token_mismatch",
+         f"Encoder produced {expected - 1} tokens, but preprocessing expected {expected}")]

@@ -55,7 +55,8 @@ def test_a_clap_run_over_every_audio_format_and_fault(tmp_path: Path, tiny_clap:
             "m4a": mf.make_audio(media / "e.m4a", "m4a", seconds=1.0),
             "named": mf.wrong_extension(mf.make_audio(media / "f.wav", "wav"), media / "f.mp4")}
     rows = [{"id": k, "audio": p.name, "text": f"the sound {k}"} for k, p in good.items()]
-    rows.append({"id": "inline", "audio": "data:audio/wav;base64," + base64.b64encode(good["wav"].read_bytes()).decode()})
+    inline = "data:audio/wav;base64," + base64.b64encode(good["wav"].read_bytes()).decode()
+    rows.append({"id": "inline", "audio": inline})
     good["inline"] = good["wav"]
     faults = {"truncated": (mf.truncate(good["m4a"], media / "t.m4a", 0.5).name, 400, "media.unreadable"),
               "codec": (mf.make_unknown_codec_wav(media / "u.wav").name, 415, "media.unsupported_format"),

@@ -324,11 +324,21 @@ def _jsonable(v: Any) -> Any:
     return _data_uri(bytes(v)) if isinstance(v, (bytes, bytearray)) else v
 
 
-_MAGIC = {b"\x89PNG": "png", b"\xff\xd8": "jpeg", b"GIF8": "gif", b"RIFF": "webp", b"BM": "bmp", b"II*": "tiff",
-          b"MM\x00*": "tiff"}
+_MAGIC = {b"\x89PNG": "image/png", b"\xff\xd8": "image/jpeg", b"GIF8": "image/gif", b"BM": "image/bmp",
+          b"II*": "image/tiff", b"MM\x00*": "image/tiff", b"fLaC": "audio/flac", b"OggS": "audio/ogg",
+          b"ID3": "audio/mpeg", b"\xff\xfb": "audio/mpeg", b"\x1aE\xdf\xa3": "video/webm"}
+
+
+def _media_type(data: bytes) -> str:
+    """The media type of some bytes by their magic number (RIFF and ISO media by their brand)."""
+    if data.startswith(b"RIFF"):
+        return {b"WEBP": "image/webp", b"WAVE": "audio/wav", b"AVI ": "video/x-msvideo"}.get(data[8:12],
+                                                                                          "application/octet-stream")
+    if data[4:8] == b"ftyp":
+        return "audio/mp4" if data[8:11] == b"M4A" else "video/mp4"
+    return next((k for magic, k in _MAGIC.items() if data.startswith(magic)), "application/octet-stream")
 
 
 def _data_uri(data: bytes) -> str:
-    """Inline bytes as a data URI (the media type sniffed from the magic number; Pillow decodes by content)."""
-    kind = next((k for magic, k in _MAGIC.items() if data.startswith(magic)), "octet-stream")
-    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
+    """Inline bytes as a data URI (the media type sniffed; the decoders tell formats by content anyway)."""
+    return f"data:{_media_type(data)};base64," + base64.b64encode(data).decode()

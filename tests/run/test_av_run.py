@@ -162,12 +162,17 @@ def test_folders_and_tar_shards_hold_audio_and_video_members(tmp_path: Path, tin
     shard = tmp_path / "shard-000.tar"
     with tarfile.open(shard, "w") as tf:
         for key, name, data in (("s1", "flac", (folder / "bird.flac").read_bytes()), ("s1", "txt", b"birdsong"),
-                                ("s2", "wav", mf.make_audio(tmp_path / "x.wav", "wav").read_bytes())):
+                                ("s2", "wav", mf.make_audio(tmp_path / "x.wav", "wav").read_bytes()),
+                                ("s3", "wav", mf.make_unknown_codec_wav(tmp_path / "u.wav").read_bytes())):
             info = tarfile.TarInfo(f"{key}.{name}")
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     res = run_encode(cfg_for(shard, tmp_path / "tar", tiny_clap))
     assert res.counters.mod("audio").encoded == 2 and res.counters.mod("text").encoded == 1
+    assert res.counters.mod("audio").failed == {415: 1}
+    [retry] = retry_rows(tmp_path / "tar", error_rows(tmp_path / "tar"))  # the member inline, as a data URI
+    assert retry["id"] == "s3" and retry["audio"].startswith("data:audio/wav;base64,")
+    assert base64.b64decode(retry["audio"].split(",", 1)[1]) == (tmp_path / "u.wav").read_bytes()
 
 
 def test_without_pyav_audio_and_video_stop_at_start_naming_the_extra(tmp_path: Path, tiny_clip: Path,

@@ -47,7 +47,7 @@ _AUDIO = {
 }
 # no random Ogg serial numbers, no encoder version strings: same arguments, same bytes
 _BITEXACT = {"fflags": "+bitexact"}
-_VIDEO = {"mp4": ("mp4", "libx264"), "webm": ("webm", "libvpx-vp9")}
+_VIDEO = {"mp4": ("mp4", "libx264"), "webm": ("webm", "libvpx-vp9"), "ts": ("mpegts", "libx264")}
 
 
 def audio_signal(
@@ -176,11 +176,13 @@ def make_video(
     audio: bool = False,
     seed: int = 0,
     faststart: bool = False,
+    audio_seconds: float | None = None,
 ) -> Path:
     """Write `round(seconds * fps)` frames of `video_frame_rgb` as "mp4" (libx264 yuv420p, a keyframe
     every second, B-frames on) or "webm" (libvpx-vp9, libvpx if VP9 is missing; a keyframe every
-    second). With `audio`, a mono `TONE_HZ` sine of the same length is muxed in: AAC 16 kHz in mp4,
-    Opus 48 kHz in webm. `faststart` (mp4 only) puts the moov atom before the media data.
+    second) or "ts" (libx264 in MPEG-TS, whose seeks land on the next key frame). With `audio`, a
+    mono `TONE_HZ` sine of the same length (or `audio_seconds`) is muxed in: AAC 16 kHz in mp4 and
+    ts, Opus 48 kHz in webm. `faststart` (mp4 only) puts the moov atom before the media data.
     `seed` is accepted for symmetry with `make_audio`; the frames do not depend on it.
     """
     import av
@@ -206,7 +208,7 @@ def make_video(
             cc.options = {"deadline": "realtime", "cpu-used": "8", "crf": "12", "lag-in-frames": "0", "threads": "1"}
         astream = None
         if audio:
-            acodec, arate = ("aac", 16000) if fmt == "mp4" else ("libopus", 48000)
+            acodec, arate = ("libopus", 48000) if fmt == "webm" else ("aac", 16000)
             astream = container.add_stream(acodec, rate=arate, layout="mono")
             astream.codec_context.bit_rate = 24000
             if acodec == "aac":
@@ -218,7 +220,7 @@ def make_video(
             container.mux(vs.encode(frame))
         container.mux(vs.encode(None))
         if astream is not None:
-            t = np.arange(int(round(n / fps * arate))) / arate
+            t = np.arange(int(round((audio_seconds or n / fps) * arate))) / arate
             tone = (AMPLITUDE * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.float32)[None, :]
             _encode_audio(container, astream, tone, arate)
     return path

@@ -8,7 +8,10 @@ declares (a partial download) is 400, not its last frame repeated.
 
 How: for each sampled time the decoder seeks back to the key frame before it and decodes forward
 to the first frame at or after that time, unless the time is at most `FORWARD_S` ahead of where
-decoding already is (decoding on is then cheaper than seeking). A long clip costs about
+decoding already is (decoding on is then cheaper than seeking), or the frame in hand is already
+at or past it (sampling denser than the clip's frame rate takes a frame again, never an earlier
+one). A seek that lands after its time (MPEG-TS) is retried further back; a stream that cannot
+seek is decoded on. A long clip costs about
 `frames` key-frame intervals of decoding, not its whole length; a local file is read only there.
 A clip whose container does not say its duration is demuxed once (packets, not decoded) to find
 it. Each frame's size is checked against `max_pixels` before any frame is decoded.
@@ -16,6 +19,7 @@ it. Each frame's size is checked against `max_pixels` before any frame is decode
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Iterator
 
@@ -53,59 +57,107 @@ def decode_frames(source: str | bytes, frames: int, fps: float | None, max_secon
         start, duration = _span(container, stream)
         span = min(duration, max_seconds)
         times = sample_times(span, frames, fps) if span > 0 else [0.0]
-        images, last = _frames_at(container, stream, [start + t for t in times])
+        images, ended = Sampler(container, stream).take([start + t for t in times])
     if not images:
         raise decode_error("the video stream holds no frames", "media.unreadable")
-    if last is not None and start + times[-1] - last > max(TRUNCATED_S, 0.1 * span):
-        raise decode_error(f"the video stream ends at {last - start:.2f} s, but the clip says it lasts "
+    if ended is not None and start + times[-1] - ended > max(TRUNCATED_S, 0.1 * span):
+        raise decode_error(f"the video stream ends at {ended - start:.2f} s, but it says it lasts "
                            f"{duration:.2f} s: truncated or corrupt", "media.unreadable")
     return images, duration > max_seconds
 
 
 def _span(container: Any, stream: Any) -> tuple[float, float]:
-    """(start time, duration) of the stream in seconds: from its header, else the container's,
-    else by demuxing its packets once."""
+    """(start time, duration) of the stream in seconds: from its header, else its Matroska
+    `DURATION` tag (an end time), else by demuxing its packets once (never the container's
+    duration: that is its longest stream's, e.g. a longer audio track's)."""
     base = float(stream.time_base) if stream.time_base is not None else 0.0
     start = stream.start_time * base if stream.start_time is not None else 0.0
     if stream.duration is not None and stream.duration > 0 and base:
         return start, stream.duration * base
-    if container.duration is not None and container.duration > 0:
-        return start, container.duration / 1_000_000
+    tagged = _clock(stream.metadata.get("DURATION") or stream.metadata.get("duration"))
+    if tagged is not None and tagged > 0:
+        return start, tagged - start if tagged > start else tagged
     last = None
     for packet in container.demux(stream):
         if packet.pts is not None:
             end = (packet.pts + (packet.duration or 0)) * base
             last = end if last is None else max(last, end)
-    container.seek(0)
-    return start, max(0.0, (last or 0.0) - start)
+    if last is None or not _seek(container, stream, 0):
+        raise decode_error("the video stream says neither its duration nor its frames' times, or cannot seek "
+                           "back after finding them (a raw elementary stream?): remux it into MP4 or WebM",
+                           "media.unsupported_format")
+    return start, max(0.0, last - start)
 
 
-def _frames_at(container: Any, stream: Any, targets: list[float]) -> tuple[list[Image.Image], float | None]:
-    """The first frame at or after each target time (the last frame for a target past the end),
-    and the time of the last frame decoded when the stream ended before a target (else None)."""
-    base = float(stream.time_base)
-    tolerance = 0.5 / float(stream.average_rate) if stream.average_rate else 0.0
-    out: list[Image.Image] = []
-    decoded: Iterator[Any] | None = None
-    position = -math.inf  # time of the last frame decoded
-    last, ended = None, None
-    for target in targets:
-        if decoded is None or target > position + FORWARD_S or target < position - tolerance:
-            container.seek(max(0, int(target / base)), stream=stream, backward=True, any_frame=False)
-            decoded = _decode(container, stream)
-        frame = None
-        for frame in decoded:
-            position = frame.time if frame.time is not None else position
-            last = frame
-            if frame.time is None or frame.time >= target - tolerance:
-                break
-        else:
-            decoded = iter(())  # the stream ended: later targets take the last frame too
-            frame = last
-            ended = position
-        if frame is not None:
-            out.append(frame.to_image())
-    return out, ended
+def _clock(text: str | None) -> float | None:
+    """Seconds of an "HH:MM:SS.fraction" tag (None when absent or malformed)."""
+    try:
+        h, m, sec = (text or "").split(":")
+        return int(h) * 3600 + int(m) * 60 + float(sec)
+    except ValueError:
+        return None
+
+
+class Sampler:
+    """The frames at given times of one open stream, by seeking (see the module docstring)."""
+
+    def __init__(self, container: Any, stream: Any) -> None:
+        self.container, self.stream = container, stream
+        self.tolerance = 0.5 / float(stream.average_rate) if stream.average_rate else 0.0
+        self.decoded: Iterator[Any] | None = None
+        self.frame: Any = None  # the last frame decoded
+        self.ended: float | None = None  # time of the last frame, once the stream ended before a target
+
+    def take(self, targets: list[float]) -> tuple[list[Image.Image], float | None]:
+        """The first frame at or after each (increasing) target time, the last frame for a target
+        past the end; and where the stream ended when it ended before a target."""
+        out = []
+        for target in targets:
+            frame = self._at(target)
+            if frame is not None:
+                out.append(frame.to_image())
+        return out, self.ended
+
+    def _at(self, target: float) -> Any:
+        held = self.frame.time if self.frame is not None and self.frame.time is not None else None
+        if held is not None and held >= target - self.tolerance:
+            return self.frame  # sampled more densely than the clip's frames: the frame in hand again
+        if self.decoded is None or held is None or target > held + FORWARD_S:
+            self._seek_before(target)
+        for frame in self.decoded:  # type: ignore[union-attr]
+            self.frame = frame
+            if frame.time is None or frame.time >= target - self.tolerance:
+                return frame
+        self.decoded = iter(())  # the stream ended: later targets take the last frame too
+        self.ended = self.frame.time if self.frame is not None else None
+        return self.frame
+
+    def _seek_before(self, target: float) -> None:
+        """Decode from a key frame at or before `target`: a seek that lands after it (MPEG-TS seeks
+        to the next key frame) is retried further back, then from the start; a stream that cannot
+        seek at all (a raw H.264 file) is decoded on from where it is."""
+        for back in (0.0, 1.0, 5.0, None):
+            to = 0.0 if back is None else max(0.0, target - back)
+            if not _seek(self.container, self.stream, to):
+                self.decoded = self.decoded or _decode(self.container, self.stream)
+                return
+            self.decoded = _decode(self.container, self.stream)
+            first = next(self.decoded, None)  # none: the seek went past the end (MPEG-TS), look further back
+            if to == 0.0 or (first is not None and (first.time is None or first.time <= target + self.tolerance)):
+                self.decoded = itertools.chain([first] if first is not None else [], self.decoded)
+                return
+
+
+def _seek(container: Any, stream: Any, seconds: float) -> bool:
+    """Seek `stream` back to the key frame at or before `seconds`; False when it cannot seek."""
+    import av
+
+    try:
+        container.seek(max(0, int(seconds / float(stream.time_base))), stream=stream, backward=True,
+                       any_frame=False)
+    except (av.error.FFmpegError, OSError):  # EPERM for an unseekable stream; other seek failures alike
+        return False
+    return True
 
 
 def _decode(container: Any, stream: Any) -> Iterator[Any]:

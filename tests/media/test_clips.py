@@ -71,6 +71,27 @@ def test_frames_are_sampled_uniformly_by_seeking(tmp_path: Path, fmt: str) -> No
     assert [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), 20) for im in by_rate] == [0, 5, 10, 15]
 
 
+def test_dense_sampling_never_goes_back_in_time(tmp_path: Path) -> None:
+    path = mf.make_video(tmp_path / "v.mp4", "mp4", seconds=2.0, fps=10)
+    for frames, fps in ((32, None), (64, 30.0)):  # more frames than the clip has, a rate above its own
+        got = [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), 20)
+               for im in decode_frames(str(path), frames, fps, 3600.0, PIXELS)[0]]
+        assert got == sorted(got) and got[0] == 0 and got[-1] == 19 and set(got) == set(range(20))
+
+
+@pytest.mark.parametrize("fmt", ["ts", "webm"])
+def test_seeks_that_land_late_and_other_streams_durations_do_not_mislead(tmp_path: Path, fmt: str) -> None:
+    # MPEG-TS seeks land on the next key frame (retried further back); a WebM's video stream has
+    # no duration of its own, and its audio track runs 6 s longer (so does the container's duration)
+    seconds = 10.0 if fmt == "ts" else 2.0
+    path = mf.make_video(tmp_path / f"v.{fmt}", fmt, seconds=seconds, fps=10, audio=True, audio_seconds=seconds + 6)
+    n = int(seconds * 10)
+    images, cut = decode_frames(str(path), 8, None, 3600.0, PIXELS)
+    got = [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), n) for im in images]
+    expected = [round((k + 0.5) * n / 8 - 0.5 + 1e-9) for k in range(8)]  # the frame showing mid-span
+    assert not cut and all(abs(g - e) <= 1 for g, e in zip(got, expected)), (got, expected)
+
+
 def test_a_long_clip_is_not_decoded_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = mf.make_video(tmp_path / "long.mp4", "mp4", seconds=30.0, fps=10)  # a key frame every second
     decoded = []

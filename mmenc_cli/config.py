@@ -52,7 +52,7 @@ class ManifestConfig:
 
 #: the largest file each medium may be, by default (--max-file-bytes, --max-audio-bytes, --max-video-bytes)
 DEFAULT_MAX_BYTES = {"image": 64 * 1024 * 1024, "audio": 512 * 1024 * 1024, "video": 8 * 1024 * 1024 * 1024}
-#: frames sampled from a video clip when neither --frames nor the model says; with --fps, at most
+#: frames sampled from a video clip unless --frames says; with --fps, at most
 DEFAULT_FRAMES, MAX_FPS_FRAMES = 8, 64
 
 
@@ -63,7 +63,7 @@ class MediaConfig:
     `max_file_bytes` is the image limit; audio and video have their own (`limit_bytes`). A video
     on a local path is read only where its sampled frames are (seeking); one from a URL or inline
     bytes is held in memory whole, so its limit also bounds memory. `max_audio_seconds` None:
-    the model's own window (CLAP: 10 s); `frames` None: the model's default (`DEFAULT_FRAMES`);
+    the model's own window (CLAP: 10 s); `frames` None: `DEFAULT_FRAMES`;
     with `fps`, frames are taken at that rate, at most `frames` (else `MAX_FPS_FRAMES`) of them."""
 
     max_image_pixels: int = 89_478_485  # Pillow's own bomb threshold (~ 9459 x 9459); also per video frame
@@ -98,12 +98,12 @@ class MediaConfig:
         if self.fetch_timeout <= 0 or self.fetch_retries < 0:
             raise ConfigError("--fetch-timeout must be > 0 and --fetch-retries >= 0")
 
-    def frames_per_clip(self, model_default: int | None) -> int:
-        """Frames a video clip gives: `--frames`, else (under --fps) `MAX_FPS_FRAMES`, else the
-        model's default, else `DEFAULT_FRAMES`."""
+    def frames_per_clip(self) -> int:
+        """Frames a video clip gives: `--frames`, else (under --fps) `MAX_FPS_FRAMES`, else
+        `DEFAULT_FRAMES` (recorded resolved in the output's fingerprint)."""
         if self.frames is not None:
             return self.frames
-        return MAX_FPS_FRAMES if self.fps is not None else model_default or DEFAULT_FRAMES
+        return MAX_FPS_FRAMES if self.fps is not None else DEFAULT_FRAMES
 
     def limit_bytes(self, medium: str) -> "MediaConfig":
         """This config with `max_file_bytes` set to `medium`'s limit (the loaders read that one)."""

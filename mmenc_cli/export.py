@@ -67,11 +67,13 @@ class ExportResult:
         return dict(self.__dict__)
 
 
-def export_filename(id: str) -> str:
+def export_filename(id: str, modality: str = "image") -> str:
     """A file name for `id` that is safe on any filesystem and never collides: the id with unsafe
-    characters replaced (at most 64 kept), then 16 hex digits of its SHA-256."""
+    characters replaced (at most 64 kept), then 16 hex digits of its SHA-256 (and `.video` for a
+    video clip, so an image and a clip never share a name)."""
     stem = _UNSAFE.sub("_", id).strip("._")[:64] or "item"
-    return f"{stem}-{hashlib.sha256(id.encode('utf-8')).hexdigest()[:16]}.safetensors"
+    kind = "" if modality == "image" else f".{modality}"
+    return f"{stem}-{hashlib.sha256(id.encode('utf-8')).hexdigest()[:16]}{kind}.safetensors"
 
 
 def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -> ExportResult:
@@ -100,7 +102,7 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
                 continue
             if emb.grid is None:
                 raise OutputError(f"{emb.id}: the index holds no {emb.modality}_grid_thw")
-            name = export_filename(emb.id if emb.modality == "image" else f"{emb.id}.video")
+            name = export_filename(emb.id, emb.modality)
             _write_item(dest / name, emb.array, emb.grid, framework, emb.modality)
             row = {"id": emb.id, "modality": emb.modality, "file": name, "tokens": int(emb.array.shape[0]),
                    "dim": int(emb.array.shape[1]), "dtype": dtype, f"{emb.modality}_grid_thw": list(emb.grid),

@@ -128,8 +128,6 @@ class Encoder(ABC):
     device: str = "cpu"
     #: texts longer than this many characters are cut before tokenizing (None: no cut)
     max_text_chars: int | None = None
-    #: frames sampled from a video clip unless --frames says (None: `config.DEFAULT_FRAMES`)
-    default_frames: int | None = None
 
     @abstractmethod
     def image_preprocessor(self) -> ImagePreprocessor:

@@ -61,7 +61,6 @@ class FramesEncoder(Encoder):
         self.inner = inner
         self.modalities = frozenset({"video"})
         self.dim, self.default_normalize, self.device = inner.dim, inner.default_normalize, inner.device
-        self.default_frames = inner.default_frames
         self.info = {**inner.info, "pooling": "frames"}
 
     def image_preprocessor(self) -> ImagePreprocessor:

@@ -1,7 +1,8 @@
 """A folder of files as a manifest: `mmenc encode photos/`.
 
 Image, audio and video files are found recursively, in sorted order (by name, folder by folder),
-by extension (`SUFFIXES`); symlinks are followed once (a link back to a folder already walked is
+by extension (`SUFFIXES`); the media files of one stem in a folder (`walk.jpg`, `walk.mp4`) are
+one sample, named by the first of them; symlinks are followed once (a link back to a folder already walked is
 skipped); hidden files and folders (a name starting with `.`) are skipped. A sample's id is its
 path relative to the folder; a `.txt` file beside a media file with the same stem is its text (the
 layout clip-retrieval's `files` input and img2dataset's `files` output use), and a `.json` beside
@@ -36,8 +37,8 @@ def medium_of(name: str) -> str:
 
 
 def walk(root: str) -> Iterator[tuple[str, dict[str, bool]]]:
-    """(relative path, {sibling name: is_dir}) of every media file under `root`, sorted, hidden
-    entries skipped, each real folder walked once."""
+    """(relative path, {sibling name: is_dir}) of every sample under `root`: the first media file
+    (sorted) of each stem of a folder, hidden entries skipped, each real folder walked once."""
     seen: set[str] = set()
 
     def visit(folder: str, rel: str) -> Iterator[tuple[str, dict[str, bool]]]:
@@ -47,11 +48,13 @@ def walk(root: str) -> Iterator[tuple[str, dict[str, bool]]]:
         seen.add(key)
         entries = [(n, d) for n, d in files.listdir(folder) if not n.startswith(".")]
         names = dict(entries)
+        stems: set[str] = set()
         for name, is_dir in entries:
             path = posixpath.join(rel, name) if rel else name
             if is_dir:
                 yield from visit(files.join(folder, name), path)
-            elif name.lower().endswith(_ALL_SUFFIXES):
+            elif name.lower().endswith(_ALL_SUFFIXES) and name.rsplit(".", 1)[0] not in stems:
+                stems.add(name.rsplit(".", 1)[0])  # the first media file of a stem stands for them all
                 yield path, names
 
     yield from visit(root, "")
@@ -67,11 +70,19 @@ def folder_records(root: str, pick: tuple[int, int] | None, limit: int) -> Itera
 
 def sample(root: str, rel: str, limit: int,
            siblings: dict[str, bool] | None = None) -> tuple[dict[str, Any] | None, MMError | None]:
-    """The record of the media file `rel` under `root`: its path, and the text and fields of the
-    `.txt` and `.json` files beside it (each at most `limit` bytes, else the sample is a 413 row)."""
+    """The record of the sample whose first media file is `rel` under `root`: its path, the other
+    media files of its stem beside it (one per medium: `walk.jpg` + `walk.mp4` + `walk.flac`), and
+    the text and fields of the `.txt` and `.json` files beside it (each at most `limit` bytes,
+    else the sample is a 413 row)."""
     stem = rel.rsplit(".", 1)[0]
     base = posixpath.basename(stem)
-    record: dict[str, Any] = {"__key__": rel, "__stem__": base, f"__{medium_of(rel)}__": rel}
+    if siblings is None:
+        parent = posixpath.dirname(rel)
+        siblings = dict(files.listdir(files.join(root, *parent.split("/")) if parent else root))
+    record: dict[str, Any] = {"__key__": rel, "__stem__": base}
+    for name in sorted(n for n, is_dir in siblings.items() if not is_dir and n.rsplit(".", 1)[0] == base
+                       and n.lower().endswith(_ALL_SUFFIXES)):
+        record.setdefault(f"__{medium_of(name)}__", posixpath.join(posixpath.dirname(rel), name))
     try:
         if siblings is None or f"{base}.json" in siblings:
             fields = _read_sibling(root, stem + ".json", limit)

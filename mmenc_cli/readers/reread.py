@@ -66,7 +66,7 @@ def _folder_record(root: str, offset: int, rel: str | None, limit: int) -> tuple
     for n, (found, siblings) in enumerate(walk(root)):
         if n == offset:
             return sample(root, found, limit, siblings)
-    raise ManifestError(f"{root} has no image number {offset}: has the folder changed since the run?")
+    raise ManifestError(f"{root} has no sample number {offset}: has the folder changed since the run?")
 
 
 def _text_record(path: str, fmt: str, offset: int, limit: int) -> tuple[dict[str, Any] | None, MMError | None]:

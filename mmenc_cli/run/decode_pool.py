@@ -2,7 +2,8 @@
 
 Workers (`decode_worker.py`) never touch the GPU: they turn an image, audio or video source into
 its payload (an image's compact uint8 pixels where the model's processor allows) or an `MMError`,
-and report seconds spent loading, decoding and preprocessing. A chunk holds items of one medium. The parent keeps at most `max_in_flight` items submitted,
+and report seconds spent loading, decoding and preprocessing. A chunk holds items of one medium.
+The parent keeps at most `max_in_flight` items submitted (a video clip counts as its frames),
 so memory stays bounded however large the manifest is, and takes results as they finish: a
 slow image (a URL at its timeout) never holds the images decoded after it.
 """
@@ -70,7 +71,7 @@ class DecodePool:
 
     @property
     def in_flight(self) -> int:
-        """Items submitted and not yet returned by `ready`/`drain`."""
+        """Items submitted and not yet returned by `ready`/`drain` (a video clip counts as its frames)."""
         return self._in_flight
 
     def full(self) -> bool:
@@ -92,11 +93,15 @@ class DecodePool:
                 self._restart()
                 fut = self._ex.submit(decode_chunk, chunk, modality)
         self._pending.append((key, chunk, fut, self._ex, modality))
-        self._in_flight += len(chunk)
+        self._in_flight += self._weight(chunk, modality)
         if isinstance(fut, Future):
             fut.add_done_callback(self._on_finished)  # runs on the executor's thread, or here if done
         else:
             self._finished.append(True)
+
+    def _weight(self, chunk: list[Any], modality: str) -> int:
+        """What a chunk counts against `max_in_flight`: its items, a video clip as its frames."""
+        return len(chunk) * (self.preprocessors.frames if modality == "video" else 1)
 
     def _on_finished(self, _fut: Any) -> None:
         self._finished.append(True)  # deque.append: safe from another thread
@@ -106,7 +111,7 @@ class DecodePool:
         first (the chunk is then neither encoded nor an error: not attempted)."""
         key, chunk, fut, ex, modality = self._pending[index]
         del self._pending[index]
-        self._in_flight -= len(chunk)
+        self._in_flight -= self._weight(chunk, modality)
         if not self._wait(fut):
             return key, None
         try:

@@ -1,6 +1,7 @@
 """The decode workers' side: one media source -> an `ImageInput`, `AudioInput`, `VideoInput` or its `MMError`.
 
-Workers never touch the GPU (nor torch, unless a model's audio feature extractor imports it).
+Workers never touch the GPU, nor torch unless the run's audio feature extractor or video processor
+(transformers') imports it; then each worker's torch runs on one thread.
 Each runs `init_worker` once (Pillow's limits, a watch on the encode process, the preprocessors,
 the shared-memory slots) and then `decode_chunk` per chunk of items of one medium, each under its
 deadline; `decode_one` is the same work for one item, also run in the encode process when
@@ -11,6 +12,7 @@ drives them is `decode_pool.py`.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -64,6 +66,8 @@ def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
     _STATE["media"] = media
     _STATE["slots"] = SlotWriter(*slots) if slots is not None else None
     _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
+    if "torch" in sys.modules:  # a feature extractor or video processor imported it: one thread per worker
+        sys.modules["torch"].set_num_threads(1)
 
 
 def _watch_parent(pid: int) -> None:

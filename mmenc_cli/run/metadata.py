@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from .. import __version__
-from ..config import RunConfig
+from ..config import DEFAULT_FRAMES, RunConfig
 from ..errors import ConfigError
 from ..encoders.base import Encoder
 from ..encoders.libraries import canonical_model, model_path
@@ -44,7 +44,7 @@ def model_stamp(model: str) -> str | None:
 
 
 #: what a fingerprint written before a key existed means by its absence
-LEGACY_FINGERPRINT = {"decode": "exact", "frames": None, "fps": None, "max_audio_seconds": None,
+LEGACY_FINGERPRINT = {"decode": "exact", "frames": DEFAULT_FRAMES, "fps": None, "max_audio_seconds": None,
                       "max_video_seconds": 3600.0}
 
 
@@ -79,7 +79,7 @@ def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
         "out_dtype": cfg.writer.out_dtype,
         "keep": list(cfg.manifest.keep),
         "decode": cfg.media.decode,
-        "frames": cfg.media.frames,
+        "frames": cfg.media.frames_per_clip(),
         "fps": cfg.media.fps,
         "max_audio_seconds": cfg.media.max_audio_seconds,
         "max_video_seconds": cfg.media.max_video_seconds,

@@ -64,6 +64,7 @@ class EncodeRun:
         self.encoder: Encoder | None = None
         self.facts: dict[str, Any] = {}
         self.unasked_video = False  # the model could encode video this run was not asked for (a hint, once)
+        self.modalities: tuple[str, ...] = ()  # what this run encodes, settled at its start
         self.events: list[str] = []
         self.failures: FailureSink | None = None
         self.stopped_by: str | None = None
@@ -170,6 +171,7 @@ class EncodeRun:
         if {"audio", "video"} & set(modalities):
             require_av()
         self.unasked_video = "video" in facts["modalities"] and "video" not in modalities
+        self.modalities = modalities
         return modalities
 
     def _finish(self, state: str, t_start: float, error: str | None = None) -> RunResult:

@@ -57,18 +57,19 @@ class Stages:
             encoder, batch = stage.encoder, self.cfg.batch
             workers = batch.workers_per_device(len(self.cfg.model.devices))
             in_flight = max(batch.batch_size * batch.prefetch_batches, 2 * CHUNK * workers)  # every worker busy
-            frames = self.cfg.media.frames_per_clip(encoder.default_frames)
-            pictures = {"image", "video"} & encoder.modalities  # a clip's frames go through the image preprocessor
-            pre = Preprocessors(image=encoder.image_preprocessor() if pictures else None,
-                                audio=encoder.audio_preprocessor() if "audio" in encoder.modalities else None,
-                                video=encoder.video_preprocessor(), frames=frames)
+            frames = self.cfg.media.frames_per_clip()
+            # only what this run encodes: a VL model's video processor imports torch in every worker
+            asked = set(self.run.modalities)
+            pre = Preprocessors(image=encoder.image_preprocessor() if asked & {"image", "video"} else None,
+                                audio=encoder.audio_preprocessor() if "audio" in asked else None,
+                                video=encoder.video_preprocessor() if "video" in asked else None, frames=frames)
             make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731
                                            stop=self.run.stop, slots=in_flight + CHUNK + batch.batch_size,
                                            idle=stage.flush)
             assert self.run.failures is not None
             sizes = {"image": batch.batch_size, "audio": batch.batch_size, "video": max(1, batch.batch_size // frames)}
             self.media = MediaFeed(make_pool, sizes, batch.max_batch_tokens, self.run.counters, self.run.failures,
-                                   stage, device_decode=device_decoder(self.cfg, encoder))
+                                   stage, device_decode=device_decoder(self.cfg, encoder) if "image" in asked else None)
         return self.media
 
     def add(self, item: Item) -> None:

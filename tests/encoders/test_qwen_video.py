@@ -115,3 +115,28 @@ def test_a_token_count_mismatch_fails_only_its_clip(tmp_path: Path, clips: dict[
     assert [(e["id"], e["code"], e["reason"], e["message"]) for e in error_rows(tmp_path / "out")] == [
         ("b", 500, "encode.token_mismatch",
          f"Encoder produced {expected - 1} tokens, but preprocessing expected {expected}")]
+
+
+def test_the_workers_get_only_what_the_run_encodes(tmp_path: Path, clips: dict[str, Path],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image run of a VL model must not ship its video processor (it imports torch) to the workers."""
+    from PIL import Image
+
+    from mmenc_cli.run.decode_pool import DecodePool
+
+    seen: list[Preprocessors] = []
+    real = DecodePool.__init__
+
+    def init(self: DecodePool, pre: Preprocessors, *args: Any, **kwargs: Any) -> None:
+        seen.append(pre)
+        real(self, pre, *args, **kwargs)
+
+    monkeypatch.setattr(DecodePool, "__init__", init)
+    model = vl.make_tiny_qwen2vl(tmp_path / "q")
+    Image.new("RGB", (60, 40), (9, 99, 199)).save(tmp_path / "p.png")
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "image": "p.png", "video": str(clips["a"])}])
+    image_only = RunConfig(**{**cfg(manifest, tmp_path / "img", model).__dict__, "modalities": ("image",)})
+    assert run_encode(image_only).counters.mod("image").encoded == 1
+    assert run_encode(cfg(manifest, tmp_path / "vid", model)).counters.mod("video").encoded == 1
+    assert seen[0].image is not None and seen[0].video is None
+    assert seen[1].video is not None

@@ -127,6 +127,18 @@ def test_a_clip_run_over_video_clips_is_the_mean_of_their_frames(tmp_path: Path,
     assert default.counters.mod("video").requested == 0 and default.counters.mod("image").encoded == 1
 
 
+def test_the_frames_count_is_fingerprinted_as_resolved(tmp_path: Path, tiny_clip: Path) -> None:
+    from mmenc_cli.errors import OutputError
+
+    clip = mf.make_video(tmp_path / "a.mp4", "mp4", seconds=1.0)
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "video": str(clip)}])
+    assert run_encode(cfg_for(manifest, tmp_path / "out", tiny_clip, ("video",), frames=8)).counters.balanced
+    again = run_encode(cfg_for(manifest, tmp_path / "out", tiny_clip, ("video",)))  # the default is 8 too
+    assert again.counters.mod("video").encoded_before == 1
+    with pytest.raises(OutputError, match="frames: output has 8, this run 4"):
+        run_encode(cfg_for(manifest, tmp_path / "out", tiny_clip, ("video",), frames=4))
+
+
 def test_pooling_frames_writes_each_clips_frame_embeddings(tmp_path: Path, tiny_clip: Path) -> None:
     from mmenc_cli.reader import iter_token_embeddings
 
@@ -152,12 +164,14 @@ def test_folders_and_tar_shards_hold_audio_and_video_members(tmp_path: Path, tin
     mf.make_audio(folder / "bird.flac", "flac")
     (folder / "bird.txt").write_text("a bird sings")
     mf.make_video(folder / "walk.webm", "webm")
+    make_image(folder / "walk.png")  # with walk.webm: one sample of two media, named by the first
     make_image(folder / "cat.png")
     res = run_encode(cfg_for(folder, tmp_path / "clap", tiny_clap))
     assert res.counters.mod("audio").encoded == 1 and res.counters.mod("text").encoded == 1
     res = run_encode(cfg_for(folder, tmp_path / "clip", tiny_clip, ("image", "video")))
-    assert res.counters.mod("video").encoded == 1 and res.counters.mod("image").encoded == 1
-    assert set(embeddings(tmp_path / "clip")) == {("walk.webm", "video"), ("cat.png", "image")}
+    assert res.counters.mod("video").encoded == 1 and res.counters.mod("image").encoded == 2
+    assert set(embeddings(tmp_path / "clip")) == {("walk.png", "video"), ("walk.png", "image"), ("cat.png", "image")}
+    assert res.counters.rows == 3 and res.counters.rows_skipped == 1  # bird.flac: audio, not asked
 
     shard = tmp_path / "shard-000.tar"
     with tarfile.open(shard, "w") as tf:

@@ -198,3 +198,26 @@ def test_without_pyav_audio_and_video_stop_at_start_naming_the_extra(tmp_path: P
         run_encode(cfg_for(manifest, tmp_path / "out", tiny_clip, ("image", "video")))
     res = run_encode(cfg_for(manifest, tmp_path / "images", tiny_clip, ("image",)))  # images need no PyAV
     assert res.counters.mod("image").encoded == 1
+
+
+def test_the_cli_takes_the_audio_and_video_options(tmp_path: Path, tiny_clap: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from mmenc_cli.cli import app
+
+    long = mf.make_audio(tmp_path / "long.flac", "flac", seconds=1.5)
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"key": "a", "sound": str(long)},
+                                                  {"key": "b", "sound": str(tmp_path / "nope.wav")}])
+    res = CliRunner().invoke(app, [str(a) for a in (
+        "encode", manifest, "--out", tmp_path / "out", "--model", tiny_clap, "--id-key", "key", "--audio-key", "sound",
+        "--modality", "audio", "--max-audio-seconds", "0.5", "--max-audio-bytes", 10**6, "--workers", 0,
+        "--progress", "none", "--json")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.stdout)
+    audio = result["counters"]["modalities"]["audio"]
+    assert (audio["encoded"], audio["truncated"], audio["failed"]) == (1, 1, {"404": 1})
+    assert "audio" in res.stderr  # the summary's line for the medium
+    config = json.loads((tmp_path / "out" / "_mmenc" / "run.json").read_text())["config"]
+    assert config["media"]["max_audio_seconds"] == 0.5 and config["manifest"]["audio_key"] == "sound"

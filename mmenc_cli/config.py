@@ -51,7 +51,7 @@ class ManifestConfig:
 
 
 #: the largest file each medium may be, by default (--max-file-bytes, --max-audio-bytes, --max-video-bytes)
-DEFAULT_MAX_BYTES = {"image": 64 * 1024 * 1024, "audio": 512 * 1024 * 1024, "video": 8 * 1024 * 1024 * 1024}
+DEFAULT_MAX_BYTES = {"image": 64 * 1024 * 1024, "audio": 512 * 1024 * 1024, "video": 2 * 1024 * 1024 * 1024}
 #: frames sampled from a video clip unless --frames says; with --fps, at most
 DEFAULT_FRAMES, MAX_FPS_FRAMES = 8, 64
 

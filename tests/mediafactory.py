@@ -177,12 +177,14 @@ def make_video(
     seed: int = 0,
     faststart: bool = False,
     audio_seconds: float | None = None,
+    grain: int = 0,
 ) -> Path:
     """Write `round(seconds * fps)` frames of `video_frame_rgb` as "mp4" (libx264 yuv420p, a keyframe
     every second, B-frames on) or "webm" (libvpx-vp9, libvpx if VP9 is missing; a keyframe every
     second) or "ts" (libx264 in MPEG-TS, whose seeks land on the next key frame). With `audio`, a
     mono `TONE_HZ` sine of the same length (or `audio_seconds`) is muxed in: AAC 16 kHz in mp4 and
-    ts, Opus 48 kHz in webm. `faststart` (mp4 only) puts the moov atom before the media data.
+    ts, Opus 48 kHz in webm. `grain`: seeded zero-mean noise of that amplitude on every frame (files
+    that do not compress to almost nothing; mean colours stay within a level or two). `faststart` (mp4 only) puts the moov atom before the media data.
     `seed` is accepted for symmetry with `make_audio`; the frames do not depend on it.
     """
     import av
@@ -215,7 +217,11 @@ def make_video(
                 astream.codec_context.options = {"aac_coder": "fast"}
             astream.codec_context.thread_count = 1
         for i in range(n):
-            frame = av.VideoFrame.from_ndarray(video_frame_rgb(i, n, size), format="rgb24").reformat(format="yuv420p")
+            rgb = video_frame_rgb(i, n, size)
+            if grain:
+                noise = np.random.default_rng(seed * 100003 + i).integers(-grain, grain + 1, rgb.shape)
+                rgb = np.clip(rgb.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
             frame.pts = i
             container.mux(vs.encode(frame))
         container.mux(vs.encode(None))

@@ -47,7 +47,7 @@ from .sources import (
     load_error,
     read_file,
 )
-from .stores import read_fsspec
+from .stores import StoreFile, read_fsspec, store_file
 
 __all__ = ["configure_pillow", "describe_source", "load_clip", "load_encoded", "load_image"]
 
@@ -69,14 +69,29 @@ def load_encoded(source: Source, base_dir: str, cfg: MediaConfig, *,
     return guard("load", load_bytes, source, base_dir, cfg, http.BACKOFF_BASE_S if backoff is None else backoff)
 
 
-def load_clip(source: Source, base_dir: str, cfg: MediaConfig, *, backoff: float | None = None) -> str | bytes:
-    """An audio or video clip for PyAV: the checked path of a local file (opened where it lies, so
-    only what is decoded is read), else its bytes. Failures as in `load_image`, stage "load"."""
+def load_clip(source: Source, base_dir: str, cfg: MediaConfig, *,
+              backoff: float | None = None) -> str | bytes | StoreFile:
+    """An audio or video clip for PyAV: the checked path of a local file or an object-store file
+    (opened where it lies, so only what is decoded is read), else its bytes (http(s), data URIs,
+    inline bytes). Failures as in `load_image`, stage "load"."""
     path = guard("load", _local_path, source, base_dir)
-    if path is None:
-        return load_encoded(source, base_dir, cfg, backoff=backoff)[0]
-    guard("load", check_file, path, cfg)
-    return path
+    if path is not None:
+        guard("load", check_file, path, cfg)
+        return path
+    url = _store_url(source, base_dir)
+    if url is not None:
+        return guard("load", store_file, url, cfg)
+    return load_encoded(source, base_dir, cfg, backoff=backoff)[0]
+
+
+def _store_url(source: Source, base_dir: str) -> str | None:
+    """The fsspec URL a source names (an object store, or a relative path below one), else None."""
+    if not isinstance(source, str) or not source.strip() or source[:5].lower() == "data:":
+        return None
+    match = SCHEME.match(source)
+    if match is None:
+        return base_dir.rstrip("/") + "/" + source if SCHEME.match(base_dir) else None
+    return source if match.group(1).lower() not in ("http", "https", "file") else None
 
 
 def _local_path(source: Source, base_dir: str) -> str | None:

@@ -17,6 +17,7 @@ import io
 from typing import Any, Iterator
 
 from ..errors import MMError, ModelLoadError, trim_message
+from .stores import StoreFile
 
 #: what a missing PyAV install says (a run with audio or video items stops at start, exit 3)
 AV_EXTRA = 'audio and video need PyAV: pip install "mmenc[av]"'
@@ -38,24 +39,28 @@ def decode_error(message: str, reason: str = "media.unreadable", exc: BaseExcept
 
 
 @contextlib.contextmanager
-def open_media(source: str | bytes) -> Iterator[Any]:
-    """An open PyAV input container for a local path or in-memory bytes; every FFmpeg failure
-    inside the block (opening, demuxing, decoding) becomes its MMError."""
+def open_media(source: str | bytes | StoreFile) -> Iterator[Any]:
+    """An open PyAV input container for a local path, an object-store file (read in ranges) or
+    in-memory bytes; every failure inside the block (opening, demuxing, decoding) becomes its
+    MMError: FFmpeg's as the media's fault, the store's (a read that fails) as unavailable."""
     import av
 
-    try:
-        container = av.open(source if isinstance(source, str) else io.BytesIO(source), mode="r",
-                            metadata_errors="ignore")
-    except Exception as exc:
-        raise _av_error(exc) from exc
-    try:
-        yield container
-    except MMError:
-        raise
-    except Exception as exc:
-        raise _av_error(exc) from exc
-    finally:
-        container.close()
+    with contextlib.ExitStack() as stack:
+        try:
+            if isinstance(source, StoreFile):
+                fh: Any = stack.enter_context(source.open())
+            else:
+                fh = source if isinstance(source, str) else io.BytesIO(source)
+            container = stack.enter_context(av.open(fh, mode="r", metadata_errors="ignore"))
+            yield container
+        except MMError:
+            raise
+        except Exception as exc:
+            if isinstance(source, StoreFile) and isinstance(exc, OSError) \
+                    and not isinstance(exc, av.error.FFmpegError):  # the store failed a read: not the media's fault
+                raise MMError(trim_message(f"cannot read {source.shown}: {exc}"), stage="load",
+                              reason="remote.unavailable", error=type(exc).__name__) from exc
+            raise _av_error(exc) from exc
 
 
 def pick_stream(container: Any, kind: str) -> Any:

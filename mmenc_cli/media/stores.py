@@ -1,8 +1,11 @@
-"""Images in object stores, through fsspec (`STORES`: `s3://`, `gs://`, `az://`, `hf://`, ...)
+"""Media in object stores, through fsspec (`STORES`: `s3://`, `gs://`, `az://`, `hf://`, ...)
 where the matching backend is installed; any other scheme (ftp://, ...) is one we do not fetch
 (415, naming the package to install where one would do)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from ..config import MediaConfig
 from ..errors import MMError
@@ -13,8 +16,33 @@ from .sources import SUPPORTED_SOURCES, check_payload, check_size, describe_sour
 STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "hf", "memory", "file", "local"})
 
 
+@dataclass(frozen=True)
+class StoreFile:
+    """An object-store file checked to exist and fit the size limit, to be opened where it lies:
+    PyAV then reads only the byte ranges it decodes (a video's sampled frames)."""
+
+    fs: Any
+    path: str
+    shown: str
+
+    def open(self) -> Any:
+        """A seekable binary file object (fsspec's, reading in ranges)."""
+        return self.fs.open(self.path, "rb")
+
+
 def read_fsspec(url: str, cfg: MediaConfig) -> bytes:
     """The bytes of `url` through its fsspec backend, size-checked before reading."""
+    found = store_file(url, cfg)
+    try:
+        with found.open() as fh:
+            data = fh.read(cfg.max_file_bytes + 1)
+    except OSError as exc:
+        raise _store_error(exc, found.shown) from exc
+    return check_payload(data, cfg, found.shown)
+
+
+def store_file(url: str, cfg: MediaConfig) -> StoreFile:
+    """`url`'s file in its fsspec backend, checked (scheme, backend, existence, size) but not read."""
     scheme = url.split("://", 1)[0].lower()
     if scheme not in STORES:
         raise load_error(f"unsupported URL scheme {scheme}://; supported: {SUPPORTED_SOURCES}, and object stores "
@@ -29,17 +57,21 @@ def read_fsspec(url: str, cfg: MediaConfig) -> bytes:
     shown = describe_source(url)
     try:
         entry = fs.info(inner)
-        if entry.get("type") == "directory":
-            raise load_error(f"{shown} is a directory, not an image file", "media.is_directory")
-        check_size(int(entry.get("size") or 0), cfg, shown)
-        with fs.open(inner, "rb") as fh:
-            data = fh.read(cfg.max_file_bytes + 1)
-    except MMError:
-        raise
-    except FileNotFoundError as exc:
-        raise load_error(f"{shown} does not exist", "media.not_found", exc) from exc
-    except PermissionError as exc:
-        raise load_error(f"{shown} is not readable for us: {exc}", "media.permission_denied", exc) from exc
-    except OSError as exc:  # the store is unreachable: worth a later retry
-        raise load_error(f"cannot read {shown}: {exc}", "remote.unavailable", exc) from exc
-    return check_payload(data, cfg, shown)
+    except OSError as exc:
+        raise _store_error(exc, shown) from exc
+    if entry.get("type") == "directory":
+        raise load_error(f"{shown} is a directory, not a media file", "media.is_directory")
+    size = int(entry.get("size") or 0)
+    if size == 0:
+        raise load_error(f"{shown} is empty", "media.empty")
+    check_size(size, cfg, shown)
+    return StoreFile(fs, inner, str(shown))
+
+
+def _store_error(exc: OSError, shown: str | None) -> MMError:
+    """A failure of the store as the load error it means."""
+    if isinstance(exc, FileNotFoundError):
+        return load_error(f"{shown} does not exist", "media.not_found", exc)
+    if isinstance(exc, PermissionError):
+        return load_error(f"{shown} is not readable for us: {exc}", "media.permission_denied", exc)
+    return load_error(f"cannot read {shown}: {exc}", "remote.unavailable", exc)  # worth a later retry

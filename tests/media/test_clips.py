@@ -157,3 +157,38 @@ def test_load_clip_opens_local_files_where_they_lie_and_checks_them(tmp_path: Pa
     assert (err.code, err.reason) == (413, "media.file_too_large") and "--max-audio-bytes" in err.message
     err = error_of(load_clip, "missing.wav", str(tmp_path), media)
     assert (err.code, err.reason) == (404, "media.not_found")
+
+
+def test_a_clip_in_an_object_store_is_read_only_where_its_frames_are(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    from mmenc_cli.media.stores import StoreFile
+
+    path = mf.make_video(tmp_path / "long.mp4", "mp4", seconds=30.0, fps=10, size=(160, 120), grain=30)
+    fsspec.filesystem("memory").pipe("/clips/long.mp4", path.read_bytes())
+    read: list[int] = []
+    real = StoreFile.open
+
+    def counting(self: StoreFile):  # type: ignore[no-untyped-def]
+        fh = real(self)
+        whole = fh.read
+
+        def part(n: int = -1) -> bytes:
+            data = whole(n)
+            read.append(len(data))
+            return data
+
+        fh.read = part
+        return fh
+
+    monkeypatch.setattr(StoreFile, "open", counting)
+    clip = load_clip("memory://clips/long.mp4", "", MediaConfig())
+    assert isinstance(clip, StoreFile)
+    images, _ = decode_frames(clip, 4, None, 3600.0, PIXELS)
+    local, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
+    assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in local]
+    assert 0 < sum(read) < path.stat().st_size / 2  # the sampled frames' ranges, not the whole clip
+    err = error_of(load_clip, "memory://clips/missing.mp4", "", MediaConfig())
+    assert (err.code, err.reason, err.stage) == (404, "media.not_found", "load")
+    err = error_of(load_clip, "long.mp4", "memory://clips", MediaConfig(max_video_bytes=100).limit_bytes("video"))
+    assert (err.code, err.reason) == (413, "media.file_too_large")

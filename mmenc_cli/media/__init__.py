@@ -47,6 +47,7 @@ from .sources import (
     load_error,
     read_file,
 )
+from .ranged import HttpClip
 from .stores import StoreFile, read_fsspec, store_file
 
 __all__ = ["configure_pillow", "describe_source", "load_clip", "load_encoded", "load_image"]
@@ -70,10 +71,10 @@ def load_encoded(source: Source, base_dir: str, cfg: MediaConfig, *,
 
 
 def load_clip(source: Source, base_dir: str, cfg: MediaConfig, *,
-              backoff: float | None = None) -> str | bytes | StoreFile:
-    """An audio or video clip for PyAV: the checked path of a local file or an object-store file
-    (opened where it lies, so only what is decoded is read), else its bytes (http(s), data URIs,
-    inline bytes). Failures as in `load_image`, stage "load"."""
+              backoff: float | None = None) -> str | bytes | StoreFile | HttpClip:
+    """An audio or video clip for PyAV: the checked path of a local file, an object-store file or
+    an http(s) URL (opened where it lies, so only what is decoded is read: `ranged.py`), else its
+    bytes (data URIs, inline bytes). Failures as in `load_image`, stage "load"."""
     path = guard("load", _local_path, source, base_dir)
     if path is not None:
         guard("load", check_file, path, cfg)
@@ -81,6 +82,8 @@ def load_clip(source: Source, base_dir: str, cfg: MediaConfig, *,
     url = _store_url(source, base_dir)
     if url is not None:
         return guard("load", store_file, url, cfg)
+    if isinstance(source, str) and source[:8].lower().startswith(("http://", "https://")):
+        return HttpClip(source, cfg, http.BACKOFF_BASE_S if backoff is None else backoff, str(describe_source(source)))
     return load_encoded(source, base_dir, cfg, backoff=backoff)[0]
 
 

@@ -17,6 +17,7 @@ import io
 from typing import Any, Iterator
 
 from ..errors import MMError, ModelLoadError, trim_message
+from .ranged import HttpClip
 from .stores import StoreFile
 
 #: what a missing PyAV install says (a run with audio or video items stops at start, exit 3)
@@ -39,15 +40,15 @@ def decode_error(message: str, reason: str = "media.unreadable", exc: BaseExcept
 
 
 @contextlib.contextmanager
-def open_media(source: str | bytes | StoreFile) -> Iterator[Any]:
-    """An open PyAV input container for a local path, an object-store file (read in ranges) or
-    in-memory bytes; every failure inside the block (opening, demuxing, decoding) becomes its
+def open_media(source: str | bytes | StoreFile | HttpClip) -> Iterator[Any]:
+    """An open PyAV input container for a local path, an object-store file or URL (read in
+    ranges) or in-memory bytes; every failure inside the block (opening, demuxing, decoding) becomes its
     MMError: FFmpeg's as the media's fault, the store's (a read that fails) as unavailable."""
     import av
 
     with contextlib.ExitStack() as stack:
         try:
-            if isinstance(source, StoreFile):
+            if isinstance(source, (StoreFile, HttpClip)):
                 fh: Any = stack.enter_context(source.open())
             else:
                 fh = source if isinstance(source, str) else io.BytesIO(source)

@@ -154,16 +154,33 @@ class _WatchedHTTPS(_Watched, urllib.request.HTTPSHandler):
     pass
 
 
+class NoRanges(Exception):
+    """The server answered a range request with the whole body (200): it does not serve ranges."""
+
+
 def fetch(url: str, cfg: MediaConfig, backoff: float) -> tuple[bytes, str | None]:
     """GET `url` with up to `cfg.fetch_retries` retries of transient failures.
 
     Time is bounded: each attempt ends after about `fetch_timeout` (the whole exchange), and each
     wait is at most max(BACKOFF_CAP_S, RETRY_AFTER_MAX_S)."""
+    data, content_type, _ = _with_retries(url, cfg, backoff, None)
+    return data, content_type
+
+
+def fetch_range(url: str, cfg: MediaConfig, backoff: float, start: int, length: int) -> tuple[bytes, int | None]:
+    """GET bytes [start, start + length) of `url` (retried like `fetch`), and the resource's whole
+    size from Content-Range; `NoRanges` when the server sends the whole body instead."""
+    data, _, total = _with_retries(url, cfg, backoff, (start, start + length - 1))
+    return data, total
+
+
+def _with_retries(url: str, cfg: MediaConfig, backoff: float,
+                  byte_range: tuple[int, int] | None) -> tuple[bytes, str | None, int | None]:
     attempts = 1 + cfg.fetch_retries
     last: Transient | None = None
     for attempt in range(attempts):
         try:
-            return _fetch_once(url, cfg)
+            return _fetch_once(url, cfg, byte_range)
         except Transient as exc:
             last = exc
             delay = None if attempt + 1 == attempts else _retry_delay(attempt, backoff, exc.retry_after)
@@ -186,12 +203,12 @@ def _retry_delay(attempt: int, base: float, retry_after: float | None) -> float 
     return None if retry_after > RETRY_AFTER_MAX_S else max(delay, retry_after)
 
 
-def _fetch_once(url: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
+def _fetch_once(url: str, cfg: MediaConfig, byte_range: tuple[int, int] | None) -> tuple[bytes, str | None, int | None]:
     """One GET within `fetch_timeout`; raises `Transient` for what a retry may fix, `MMError` for
     the rest."""
     dog = _Watchdog(cfg.fetch_timeout)
     try:
-        return _exchange(url, cfg, dog)
+        return _exchange(url, cfg, dog, byte_range)
     except (urllib.error.URLError, OSError, http.client.HTTPException, Transient) as exc:
         if not dog.fired:  # else the watchdog cut the exchange short, whatever it looked like
             raise
@@ -201,14 +218,24 @@ def _fetch_once(url: str, cfg: MediaConfig) -> tuple[bytes, str | None]:
         dog.cancel()
 
 
-def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog) -> tuple[bytes, str | None]:
+def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog,
+              byte_range: tuple[int, int] | None = None) -> tuple[bytes, str | None, int | None]:
     shown = describe_source(url)
     deadline = time.monotonic() + cfg.fetch_timeout
+    total = None
     try:
-        request = urllib.request.Request(_to_uri(url), headers={"User-Agent": USER_AGENT,
-                                                                "Accept": "image/*"})
+        headers = {"User-Agent": USER_AGENT, "Accept": "image/*" if byte_range is None else "*/*"}
+        if byte_range is not None:
+            headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+        request = urllib.request.Request(_to_uri(url), headers=headers)
         opener = urllib.request.build_opener(_RedirectHandler, _WatchedHTTP(dog), _WatchedHTTPS(dog))
         with opener.open(request, timeout=cfg.fetch_timeout) as resp:
+            if byte_range is not None:
+                if resp.status != 206:
+                    raise NoRanges(f"{shown} answered a range request with HTTP {resp.status}")
+                total = _range_total(resp.headers.get("Content-Range", ""))
+                if total is not None:
+                    check_size(total, cfg, shown)
             declared = resp.headers.get("Content-Length", "").strip()
             expected = int(declared) if declared.isdigit() else None
             if expected is not None:
@@ -234,7 +261,13 @@ def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog) -> tuple[bytes, str | 
     if expected is not None and len(data) < expected:
         raise Transient(load_error(f"connection closed after {len(data)} of {expected} bytes "
                                    f"from {shown}", "remote.unavailable"))
-    return check_payload(data, cfg, shown), content_type
+    return check_payload(data, cfg, shown), content_type, total
+
+
+def _range_total(content_range: str) -> int | None:
+    """The whole size in a Content-Range header ("bytes 0-99/1234"); None when unknown ("*")."""
+    total = content_range.rpartition("/")[2].strip()
+    return int(total) if total.isdigit() else None
 
 
 def _to_uri(url: str) -> str:

@@ -4,7 +4,10 @@ seeking, and what each broken file becomes."""
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -191,4 +194,70 @@ def test_a_clip_in_an_object_store_is_read_only_where_its_frames_are(tmp_path: P
     err = error_of(load_clip, "memory://clips/missing.mp4", "", MediaConfig())
     assert (err.code, err.reason, err.stage) == (404, "media.not_found", "load")
     err = error_of(load_clip, "long.mp4", "memory://clips", MediaConfig(max_video_bytes=100).limit_bytes("video"))
+    assert (err.code, err.reason) == (413, "media.file_too_large")
+
+
+class _Ranges(BaseHTTPRequestHandler):
+    """Serves `server.files` by path, with Range requests unless `server.ranges` is False."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        data = self.server.files.get(self.path)  # type: ignore[attr-defined]
+        if data is None:
+            self.send_error(404)
+            return
+        asked = self.headers.get("Range")
+        if asked and self.server.ranges:  # type: ignore[attr-defined]
+            first, last = (int(x) for x in asked.removeprefix("bytes=").split("-"))
+            body = data[first:last + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")
+        else:
+            body = data
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.server.sent += len(body)  # type: ignore[attr-defined]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def ranged_server() -> Any:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ranges)
+    server.files, server.ranges, server.sent = {}, True, 0  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_clip_behind_a_url_is_fetched_in_ranges(tmp_path: Path, ranged_server: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmenc_cli.media import ranged
+
+    monkeypatch.setattr(ranged, "BLOCK", 1 << 16)  # a 4.7 MB clip in 64 KiB blocks (1 MiB for real ones)
+    path = mf.make_video(tmp_path / "long.mp4", "mp4", seconds=60.0, fps=10, size=(160, 120), grain=30)
+    ranged_server.files["/long.mp4"] = path.read_bytes()
+    url = f"http://127.0.0.1:{ranged_server.server_port}/long.mp4"
+    media = MediaConfig(fetch_retries=0)
+    clip = load_clip(url, "", media)
+    assert isinstance(clip, ranged.HttpClip)
+    local, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
+    images, _ = decode_frames(clip, 4, None, 3600.0, PIXELS)
+    assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in local]
+    size = path.stat().st_size
+    assert 0 < ranged_server.sent < size / 2  # the blocks around 4 frames and the index
+
+    ranged_server.ranges, ranged_server.sent = False, 0  # a server without ranges: one whole fetch
+    images, _ = decode_frames(load_clip(url, "", media), 4, None, 3600.0, PIXELS)
+    assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in local]
+    assert ranged_server.sent >= size
+    err = error_of(decode_frames, load_clip(url.replace("long", "gone"), "", media), 4, None, 3600.0, PIXELS)
+    assert (err.code, err.reason, err.stage) == (404, "remote.not_found", "load")
+    ranged_server.ranges = True
+    small = MediaConfig(fetch_retries=0, max_video_bytes=size - 1).limit_bytes("video")
+    err = error_of(decode_frames, load_clip(url, "", small), 4, None, 3600.0, PIXELS)
     assert (err.code, err.reason) == (413, "media.file_too_large")

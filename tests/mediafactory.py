@@ -184,7 +184,8 @@ def make_video(
     second) or "ts" (libx264 in MPEG-TS, whose seeks land on the next key frame). With `audio`, a
     mono `TONE_HZ` sine of the same length (or `audio_seconds`) is muxed in: AAC 16 kHz in mp4 and
     ts, Opus 48 kHz in webm. `grain`: seeded zero-mean noise of that amplitude on every frame (files
-    that do not compress to almost nothing; mean colours stay within a level or two). `faststart` (mp4 only) puts the moov atom before the media data.
+    that do not compress to almost nothing; mean colours stay within a level or two). `faststart`
+    (mp4 only) puts the moov atom before the media data.
     `seed` is accepted for symmetry with `make_audio`; the frames do not depend on it.
     """
     import av

@@ -35,6 +35,7 @@ from PIL import Image
 from ..config import MediaConfig
 from . import http
 from .decode import Draft, configure_pillow, decode_image
+from .ranged import HttpClip
 from .sources import (
     SCHEME,
     Source,
@@ -47,7 +48,6 @@ from .sources import (
     load_error,
     read_file,
 )
-from .ranged import HttpClip
 from .stores import StoreFile, read_fsspec, store_file
 
 __all__ = ["configure_pillow", "describe_source", "load_clip", "load_encoded", "load_image"]

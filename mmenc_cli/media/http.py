@@ -203,7 +203,8 @@ def _retry_delay(attempt: int, base: float, retry_after: float | None) -> float 
     return None if retry_after > RETRY_AFTER_MAX_S else max(delay, retry_after)
 
 
-def _fetch_once(url: str, cfg: MediaConfig, byte_range: tuple[int, int] | None) -> tuple[bytes, str | None, int | None]:
+def _fetch_once(url: str, cfg: MediaConfig,
+                byte_range: tuple[int, int] | None) -> tuple[bytes, str | None, int | None]:
     """One GET within `fetch_timeout`; raises `Transient` for what a retry may fix, `MMError` for
     the rest."""
     dog = _Watchdog(cfg.fetch_timeout)

@@ -7,8 +7,8 @@ source is shown in the error report (`describe_source`: passwords masked, data U
 from __future__ import annotations
 
 import base64
-import contextlib
 import binascii
+import contextlib
 import errno
 import os
 import re

@@ -11,7 +11,6 @@ from ..config import MediaConfig
 from ..errors import MMError
 from .sources import SUPPORTED_SOURCES, check_payload, check_size, describe_source, load_error
 
-
 #: the URL schemes read through fsspec (object stores, the Hugging Face hub, fsspec's memory store)
 STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "hf", "memory", "file", "local"})
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..config import MediaConfig
 from ..errors import MMError
+from ..encoders.base import VideoInput
 from .decode_worker import Decoded, Preprocessors, decode_chunk, decode_one, init_worker, item_deadline
 from .shm import SlotPool, shm_slots
 
@@ -82,8 +83,7 @@ class DecodePool:
                modality: str = "image") -> None:
         """Queue a chunk of (source, base_dir) of one medium; `key` comes back with its results.
         `cpu_only`: decoded on the CPU whatever `--decode` says (images the device decoder refused)."""
-        take = self.slots.acquire if self.slots is not None and modality == "image" else lambda: None
-        chunk = [(src, base, take(), cpu_only) for src, base in sources]
+        chunk = [(src, base, self._take(modality), cpu_only) for src, base in sources]
         if self._ex is None:
             fut: Any = _Done([decode_one(s, b, self.preprocessors, self.media, c, modality) for s, b, _, c in chunk])
         else:
@@ -98,6 +98,15 @@ class DecodePool:
             fut.add_done_callback(self._on_finished)  # runs on the executor's thread, or here if done
         else:
             self._finished.append(True)
+
+    def _take(self, modality: str) -> Any:
+        """Shared-memory slots for one item: an image's (or None), a video clip's frames' (a tuple,
+        for the frames of a pooled image model; a VL model's patches travel pickled)."""
+        if self.slots is None or modality == "audio" or (modality == "video" and self.preprocessors.video is not None):
+            return None
+        if modality == "video":
+            return tuple(self.slots.acquire() for _ in range(self.preprocessors.frames))
+        return self.slots.acquire()
 
     def _weight(self, chunk: list[Any], modality: str) -> int:
         """What a chunk counts against `max_in_flight`: its items, a video clip as its frames."""
@@ -128,17 +137,37 @@ class DecodePool:
         """Pixels that came in a slot are read there (the slot is freed by `release`, once their
         batch is copied out); the slots of the other items are freed now."""
         for (_src, _base, slot, _cpu), dec in zip(chunk, results):
-            if dec.slot is not None and dec.value is not None and self.slots is not None:
+            if isinstance(slot, tuple):
+                self._received_frames(slot, dec)
+            elif dec.slot is not None and dec.value is not None and self.slots is not None:
                 dec.value.pixels = self.slots.view(dec.slot)
             elif self.slots is not None:
                 self.slots.release(slot)
         return results
 
+    def _received_frames(self, indices: tuple[int | None, ...], dec: Decoded) -> None:
+        """A video clip's frames that came in slots are read there; the clip's other slots are freed."""
+        assert self.slots is not None
+        frames = dec.value.frames if isinstance(dec.value, VideoInput) else []
+        kept = dec.frames if dec.value is not None else ()
+        for k, index in enumerate(indices):
+            written = kept[k] if k < len(kept) else None
+            if written is not None:
+                frames[k].pixels = self.slots.view(written)
+            else:
+                self.slots.release(index)
+
     def release(self, decoded: Decoded) -> None:
-        """Free the slot of an image whose pixels have been copied out (a no-op without one)."""
-        if decoded.slot is not None and self.slots is not None:
+        """Free the slots of an item whose pixels have been copied out (a no-op without any)."""
+        if self.slots is None:
+            return
+        if decoded.slot is not None:
             self.slots.release(decoded.slot.index)
             decoded.slot = None
+        for written in decoded.frames:
+            if written is not None:
+                self.slots.release(written.index)
+        decoded.frames = ()
 
     def _wait(self, fut: Any) -> bool:
         """Wait for `fut`, looking at the stop request twice a second; False when it came first."""

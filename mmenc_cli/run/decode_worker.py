@@ -52,6 +52,7 @@ class Decoded:
     error: MMError | None
     seconds: tuple[float, float]  # load + decode, preprocess
     slot: Slot | None = None  # where the pixels are, when they came in shared memory
+    frames: tuple[Slot | None, ...] = ()  # a video clip's: where each frame's pixels are (None: pickled)
 
 
 def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
@@ -165,9 +166,9 @@ def item_deadline(media: MediaConfig) -> float:
     return media.fetch_timeout * (1 + media.fetch_retries) + waits + media.decode_timeout
 
 
-def decode_chunk(chunk: Sequence[tuple[str | bytes, str, int | None, bool]], modality: str = "image") -> list[Decoded]:
+def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: str = "image") -> list[Decoded]:
     """In a worker: each item under its deadline; an image's uint8 pixels into its shared-memory
-    slot when it has one. faulthandler's watchdog is a C thread, so it ends the process even when
+    slot when it has one, a video clip's frames into theirs (a tuple of slots per clip). faulthandler's watchdog is a C thread, so it ends the process even when
     a library call hangs holding the GIL; the pool then isolates the item."""
     import faulthandler
 
@@ -179,12 +180,22 @@ def decode_chunk(chunk: Sequence[tuple[str | bytes, str, int | None, bool]], mod
             dec = decode_one(src, base, pre, media, cpu_only, modality)
         finally:
             faulthandler.cancel_dump_traceback_later()
-        if slot is not None and slots is not None and isinstance(dec.value, ImageInput):
+        if isinstance(slot, tuple) and slots is not None and isinstance(dec.value, VideoInput):
+            dec.frames = tuple(_to_slot(slots, index, frame) for index, frame in zip(slot, dec.value.frames))
+        elif slot is not None and slots is not None and isinstance(dec.value, ImageInput):
             dec.slot = slots.write(slot, dec.value.pixels)
             if dec.slot is not None:
                 dec.value.pixels = _IN_SLOT
         out.append(dec)
     return out
+
+
+def _to_slot(slots: SlotWriter, index: int | None, frame: ImageInput) -> Slot | None:
+    """A video frame's pixels into slot `index` (None: no slot, or they do not fit: pickled)."""
+    written = slots.write(index, frame.pixels) if index is not None else None
+    if written is not None:
+        frame.pixels = _IN_SLOT
+    return written
 
 
 #: what `ImageInput.pixels` holds on its way back when the pixels are in a slot

@@ -167,3 +167,28 @@ def test_closing_keeps_views_readable() -> None:
     pool.close()
     assert pool.name not in segments()
     assert int(view.sum()) == 7 * 48
+
+
+def test_video_frames_come_in_slots_too(tmp_path: Path, pools: list[DecodePool]) -> None:
+    pytest.importorskip("av")
+    from tests import mediafactory as mf
+
+    clips = [mf.make_video(tmp_path / f"{i}.mp4", "mp4", seconds=1.0 + i).name for i in range(3)]
+    names = clips + [mf.make_audio_only_mp4(tmp_path / "silent.mp4").name]
+    pre = Preprocessors(image=Thumb(), frames=4)
+    pool = DecodePool(pre, MEDIA, workers=1, max_in_flight=64, slots=24)
+    pools.append(pool)
+    pool.submit("clips", [(n, str(tmp_path)) for n in names], modality="video")
+    [(_, got)] = list(pool.drain())
+    local = DecodePool(pre, MEDIA, workers=0, max_in_flight=64)
+    local.submit("clips", [(n, str(tmp_path)) for n in names], modality="video")
+    [(_, ref)] = list(local.drain())
+    assert [len(d.frames) for d in got] == [4, 4, 4, 0] and all(s is not None for d in got[:3] for s in d.frames)
+    assert got[3].error is not None and got[3].error.code == 422  # its four slots freed at once
+    for dec, want in zip(got[:3], ref[:3]):
+        for frame, wanted in zip(dec.value.frames, want.value.frames):
+            np.testing.assert_array_equal(frame.pixels, wanted.pixels)
+    assert pool.slots is not None and pool.slots.free == 24 - 12
+    for dec in got:
+        pool.release(dec)
+    assert pool.slots.free == 24

@@ -1,7 +1,8 @@
 """Shared-memory slots: decoded pixels travel from the decode workers without pickling.
 
-The encode process owns one shared-memory segment cut into fixed-size slots, one per image that
-may be in flight or waiting for its batch. It hands a free slot to each image it submits; the
+The encode process owns one shared-memory segment cut into fixed-size slots, one per image (or
+video frame) that may be in flight or waiting for its batch. It hands a free slot to each image
+(a slot per sampled frame to each video clip) it submits; the
 worker writes the image's uint8 pixels there and answers with a small descriptor (slot, shape);
 the encode process reads the pixels in place and frees the slot once the image's batch has been
 copied out. Only the encode process creates and unlinks the segment, so a worker that dies

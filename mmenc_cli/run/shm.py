@@ -2,10 +2,9 @@
 
 The encode process owns one shared-memory segment cut into fixed-size slots, one per image (or
 video frame) that may be in flight or waiting for its batch. It hands a free slot to each image
-(a slot per sampled frame to each video clip) it submits; the
-worker writes the image's uint8 pixels there and answers with a small descriptor (slot, shape);
-the encode process reads the pixels in place and frees the slot once the image's batch has been
-copied out. Only the encode process creates and unlinks the segment, so a worker that dies
+it submits (a slot per sampled frame to a video clip); the worker writes the uint8 pixels there
+and answers with a small descriptor (slot, shape); the encode process reads the pixels in place
+and frees the slot once the batch has been copied out. Only the encode process creates and unlinks the segment, so a worker that dies
 leaves nothing behind, and Python's resource tracker unlinks it if the encode process is killed.
 Pixels that do not fit a slot (or any float32 model input) travel pickled, as before.
 """

@@ -130,8 +130,8 @@ class EncodeRun:
         return facts
 
     def _run_locked(self, t_start: float) -> RunResult:
-        if self.stop.is_set():  # stopped before starting: do not load a model for nothing
-            return self._result("interrupted", t_start)
+        if self.stop.is_set():  # stopped before starting: do not load a model for nothing, but say so
+            return self._finish("interrupted", t_start)
         try:
             with interruptible(self.stop):
                 self.facts = self._init_facts()

@@ -93,3 +93,18 @@ def test_a_stopped_run_counts_what_it_did_not_attempt_and_a_rerun_finishes(tmp_p
                        encoder_factory=factory(FakeEncoder()))
     assert again.state == "done" and again.counters.not_attempted == 0 and again.counters.balanced
     assert len(embeddings(tmp_path / "out")) == 90  # 60 texts + 30 images, each once
+
+
+def test_a_run_stopped_before_it_starts_records_itself_interrupted(tmp_path: Path) -> None:
+    """A stop that lands between taking the task's lock and loading the model (SIGTERM while
+    Python starts) ends the run there, and the task metadata says so."""
+    import json
+
+    stop = threading.Event()
+    stop.set()
+    encoder = FakeEncoder()
+    res = run_encode(make_cfg([mixed_manifest(tmp_path, 4)], tmp_path / "out"), encoder_factory=factory(encoder),
+                     stop=stop)
+    assert res.state == "interrupted" and not res.model_loaded and not encoder.batches
+    meta = json.loads((tmp_path / "out" / "_mmenc" / "tasks" / "task-00000.json").read_text())
+    assert meta["state"] == "interrupted" and meta["model_loaded"] is False and meta["counters"]["balanced"]

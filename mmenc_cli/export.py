@@ -27,7 +27,9 @@ Video clips (`--modality video` with a Qwen2-VL model) are written the same way 
 embedding inputs take them: `video_embeds` + `video_grid_thw` (the clip's temporal patches, t, and
 merged grid), fed as `{"video": {"video_embeds": ..., "video_grid_thw": ...}}` with
 `<|vision_start|><|video_pad|><|vision_end|>` in the prompt. Each `manifest.jsonl` line says its
-`modality` and carries `image_grid_thw` or `video_grid_thw`.
+`modality` and carries `image_grid_thw` or `video_grid_thw`; a Qwen2.5-VL clip's file and line
+also hold `second_per_grid_ts` (float32 `[1]`: temporal_patch_size x the seconds between its
+sampled frames), which vLLM's Qwen2.5-VL video embedding input takes as an optional tensor.
 
 Several images in one prompt: concatenate their `image_embeds` along dim 0 and their
 `image_grid_thw` rows (`[n, 3]`), in prompt order. The embeddings must come from the vision tower
@@ -103,10 +105,13 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
             if emb.grid is None:
                 raise OutputError(f"{emb.id}: the index holds no {emb.modality}_grid_thw")
             name = export_filename(emb.id, emb.modality)
-            _write_item(dest / name, emb.array, emb.grid, framework, emb.modality)
+            seconds = _second_per_grid(emb, facts)
+            _write_item(dest / name, emb.array, emb.grid, framework, emb.modality, seconds)
             row = {"id": emb.id, "modality": emb.modality, "file": name, "tokens": int(emb.array.shape[0]),
                    "dim": int(emb.array.shape[1]), "dtype": dtype, f"{emb.modality}_grid_thw": list(emb.grid),
                    "orig_width": emb.info.get("orig_width"), "orig_height": emb.info.get("orig_height")}
+            if seconds is not None:
+                row["second_per_grid_ts"] = seconds
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
             items += 1
             tokens += row["tokens"]
@@ -133,23 +138,36 @@ def _prepare_dest(dest: Path, overwrite: bool) -> None:
     dest.mkdir(parents=True, exist_ok=True)
 
 
-def _write_item(path: Path, array: Any, grid: tuple[int, int, int], framework: str, modality: str) -> None:
-    """Write one item's two tensors (`image_...` or `video_...`) atomically (temp name, fsync, rename)."""
+def _second_per_grid(emb: Any, facts: dict[str, Any]) -> float | None:
+    """A video clip's seconds per temporal patch (temporal_patch_size x the seconds between its
+    sampled frames): Qwen2.5-VL's `second_per_grid_ts`; None for images and older outputs."""
+    step, temporal = emb.info.get("frame_seconds"), facts.get("temporal_patch_size")
+    if emb.modality != "video" or step is None or not temporal or facts.get("model_type") != "qwen2_5_vl":
+        return None
+    return float(temporal) * float(step)
+
+
+def _write_item(path: Path, array: Any, grid: tuple[int, int, int], framework: str, modality: str,
+                seconds: float | None = None) -> None:
+    """Write one item's tensors (`image_...` or `video_...`, and a clip's `second_per_grid_ts`)
+    atomically (temp name, fsync, rename)."""
+    import numpy as np
+
     tmp = path.with_name(f".{path.name}.tmp")
     meta = {"format": f"vllm-{modality}-embeds", "producer": "mmenc"}
-    embeds, grid_key = f"{modality}_embeds", f"{modality}_grid_thw"
+    extra = {f"{modality}_grid_thw": np.asarray([grid], dtype=np.int64)}
+    if seconds is not None:
+        extra["second_per_grid_ts"] = np.asarray([seconds], dtype=np.float32)
     if framework == "pt":
         import torch
         from safetensors.torch import save_file as save_torch
 
-        save_torch({embeds: array.contiguous(), grid_key: torch.tensor([list(grid)], dtype=torch.int64)},
+        save_torch({f"{modality}_embeds": array.contiguous(), **{k: torch.from_numpy(v) for k, v in extra.items()}},
                    str(tmp), metadata=meta)
     else:
-        import numpy as np
         from safetensors.numpy import save_file
 
-        save_file({embeds: np.ascontiguousarray(array), grid_key: np.asarray([grid], dtype=np.int64)},
-                  str(tmp), metadata=meta)
+        save_file({f"{modality}_embeds": np.ascontiguousarray(array), **extra}, str(tmp), metadata=meta)
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -120,7 +120,7 @@ def test_tokens_budget_index_and_reference(qwen2vl: Path, corpus: Any, tmp_path:
 
     index = pq.read_table(od.meta / "index" / (od.shards()[0].stem + ".pq"))
     assert index.column_names == ["id", "modality", "shard", "key", "tokens", "dim", "dtype", "image_grid_thw",
-                                  "orig_width", "orig_height", "min_pixels", "max_pixels", "tag"]
+                                  "orig_width", "orig_height", "min_pixels", "max_pixels", "frame_seconds", "tag"]
     grid_type = index.schema.field("image_grid_thw").type
     assert (grid_type.list_size, str(grid_type.value_type)) == (3, "int32")
     rows = {r["id"]: r for p in (od.meta / "index").iterdir() for r in pq.read_table(p).to_pylist()}

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from PIL import Image
 
 from .clips import decode_error, open_media, pick_stream
+from .ranged import HttpClip
+from .stores import StoreFile
 
 #: seconds ahead of the decoder's position within which it decodes on rather than seeking
 FORWARD_S = 1.0
@@ -43,9 +45,18 @@ def sample_times(duration: float, frames: int, fps: float | None) -> list[float]
     return [(k + 0.5) * duration / frames for k in range(frames)]
 
 
-def decode_frames(source: str | bytes, frames: int, fps: float | None, max_seconds: float,
-                  max_pixels: int) -> tuple[list[Image.Image], bool]:
-    """(the sampled frames as RGB images, whether the clip was longer than `max_seconds`).
+class Sampled(NamedTuple):
+    """A clip's sampled frames, whether it was cut at `max_seconds`, and the seconds between two
+    sampled frames (the frame rate a VL model's temporal positions assume)."""
+
+    images: list[Image.Image]
+    cut: bool
+    step: float
+
+
+def decode_frames(source: str | bytes | StoreFile | HttpClip, frames: int, fps: float | None, max_seconds: float,
+                  max_pixels: int) -> Sampled:
+    """The sampled frames as RGB images, whether the clip was longer than `max_seconds`, the step.
 
     `source` is a local path (read only where the frames are) or the file's bytes. Raises MMError."""
     with open_media(source) as container:
@@ -63,7 +74,8 @@ def decode_frames(source: str | bytes, frames: int, fps: float | None, max_secon
     if ended is not None and start + times[-1] - ended > max(TRUNCATED_S, 0.1 * span):
         raise decode_error(f"the video stream ends at {ended - start:.2f} s, but it says it lasts "
                            f"{duration:.2f} s: truncated or corrupt", "media.unreadable")
-    return images, duration > max_seconds
+    step = times[1] - times[0] if len(times) > 1 else span
+    return Sampled(images, duration > max_seconds, step)
 
 
 def _span(container: Any, stream: Any) -> tuple[float, float]:

@@ -114,32 +114,35 @@ def decode_one(source: str | bytes, base_dir: str, pre: Preprocessors, media: Me
             if isinstance(found, Decoded):
                 return found
         else:
-            found, cut = _clip(modality, source, base_dir, pre, media)
+            found, facts = _clip(modality, source, base_dir, pre, media)
         stage, t1 = "preprocess", time.perf_counter()
         value: Any
         if modality == "image":
             value = pre.image(found)  # type: ignore[misc]
         elif modality == "audio" or pre.video is not None:
             value = (pre.audio if modality == "audio" else pre.video)(found)  # type: ignore[misc]
-            value.meta["cut"] = cut
+            value.meta.update(facts)
         else:
-            value = VideoInput([pre.image(im) for im in found], {"cut": cut})  # type: ignore[misc]
+            value = VideoInput([pre.image(im) for im in found], facts)  # type: ignore[misc]
         return Decoded(value, None, (t1 - t0, time.perf_counter() - t1))
     except Exception as exc:  # one bad item never stops the run
         return Decoded(None, classify(exc, stage), (time.perf_counter() - t0, 0.0))
 
 
 def _clip(modality: str, source: str | bytes, base_dir: str, pre: Preprocessors,
-          media: MediaConfig) -> tuple[Any, bool]:
+          media: MediaConfig) -> tuple[Any, dict[str, Any]]:
     """An audio clip's mono samples at the model's rate, or a video clip's sampled frames, and
-    whether the clip was cut (longer than the limit, or than the model's audio window)."""
+    facts for the payload's `meta`: `cut` (longer than the limit, or than the model's audio
+    window) and for video `frame_step`, the seconds between two sampled frames."""
     clip = load_clip(source, base_dir, media.limit_bytes(modality))
     if modality == "audio":
         assert pre.audio is not None
         limits = [s for s in (media.max_audio_seconds, pre.audio.window_seconds) if s is not None]
-        return guard("decode", decode_audio, clip, pre.audio.sample_rate, min(limits) if limits else None)
-    return guard("decode", decode_frames, clip, pre.frames, media.fps, media.max_video_seconds,
-                 media.max_image_pixels)
+        samples, cut = guard("decode", decode_audio, clip, pre.audio.sample_rate, min(limits) if limits else None)
+        return samples, {"cut": cut}
+    sampled = guard("decode", decode_frames, clip, pre.frames, media.fps, media.max_video_seconds,
+                    media.max_image_pixels)
+    return sampled.images, {"cut": sampled.cut, "frame_step": sampled.step}
 
 
 def _image(source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaConfig, cpu_only: bool) -> Any:

@@ -21,7 +21,7 @@ from . import ShardData, keep_value, write_side_file, write_tmp
 
 #: index columns, in order (kept fields follow)
 INDEX_COLUMNS = ("id", "modality", "shard", "key", "tokens", "dim", "dtype", "image_grid_thw",
-                 "orig_width", "orig_height", "min_pixels", "max_pixels")
+                 "orig_width", "orig_height", "min_pixels", "max_pixels", "frame_seconds")
 
 
 def index_path(out: OutDir, shard: str) -> Path:
@@ -66,6 +66,8 @@ class TokenShardWriter:
             "orig_height": pa.array([s[1] for s in sizes], pa.int32()),
             "min_pixels": pa.array([m.get("min_pixels") for m in metas], pa.int64()),
             "max_pixels": pa.array([m.get("max_pixels") for m in metas], pa.int64()),
+            # a video clip's seconds between sampled frames (its temporal positions; null for images)
+            "frame_seconds": pa.array([m.get("frame_step") for m in metas], pa.float64()),
         }
         columns.update({k: pa.array([keep_value(v) for v in data.keep[k]], pa.string()) for k in self.keep})
         return pa.table(columns)

@@ -64,8 +64,9 @@ def cfg(manifest: Path, out: Path, model: Path, batch_size: int = 4) -> RunConfi
                      modalities=("video",))
 
 
-def test_a_token_run_over_clips_and_the_vllm_export(tmp_path: Path, clips: dict[str, Path]) -> None:
-    model = vl.make_tiny_qwen2vl(tmp_path / "q")
+@pytest.mark.parametrize("family", ["qwen2vl", "qwen25vl"])
+def test_a_token_run_over_clips_and_the_vllm_export(tmp_path: Path, clips: dict[str, Path], family: str) -> None:
+    model = (vl.make_tiny_qwen2vl if family == "qwen2vl" else vl.make_tiny_qwen25vl)(tmp_path / "q")
     silent = mf.make_audio_only_mp4(tmp_path / "silent.mp4")
     rows = [{"id": k, "video": str(p)} for k, p in clips.items()]
     cut = mf.truncate(clips["a"], tmp_path / "t.mp4")
@@ -89,6 +90,11 @@ def test_a_token_run_over_clips_and_the_vllm_export(tmp_path: Path, clips: dict[
 
         row = json.loads(line)
         saved = load_file(tmp_path / "vllm" / row["file"])
+        # Qwen2.5-VL's temporal positions: 2 frames a patch x the seconds between the 4 sampled
+        # frames (clips of 2, 1 and 3 s: 0.5, 0.25 and 0.75 s)
+        seconds = {"a": 1.0, "b": 0.5, "c": 1.5}[row["id"]]
+        if family == "qwen25vl":
+            assert saved.pop("second_per_grid_ts").tolist() == [seconds] and row["second_per_grid_ts"] == seconds
         assert row["modality"] == "video" and set(saved) == {"video_embeds", "video_grid_thw"}
         assert saved["video_grid_thw"].tolist() == [list(tokens[row["id"]][1])]
         np.testing.assert_array_equal(saved["video_embeds"], tokens[row["id"]][0])

@@ -66,11 +66,11 @@ def test_audio_longer_than_the_limit_is_cut_and_says_so(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["mp4", "webm"])
 def test_frames_are_sampled_uniformly_by_seeking(tmp_path: Path, fmt: str) -> None:
     path = mf.make_video(tmp_path / f"v.{fmt}", fmt, seconds=2.0, fps=10)
-    images, cut = decode_frames(str(path), 5, None, 3600.0, PIXELS)
+    images, cut, _ = decode_frames(str(path), 5, None, 3600.0, PIXELS)
     assert not cut and [im.size for im in images] == [(64, 48)] * 5
     got = [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), 20) for im in images]
     assert got == [2, 6, 10, 14, 18]  # the frames at 0.2, 0.6, 1.0, 1.4 and 1.8 s
-    by_rate, _ = decode_frames(path.read_bytes(), 64, 2.0, 3600.0, PIXELS)  # --fps 2
+    by_rate, _, _ = decode_frames(path.read_bytes(), 64, 2.0, 3600.0, PIXELS)  # --fps 2
     assert [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), 20) for im in by_rate] == [0, 5, 10, 15]
 
 
@@ -89,7 +89,7 @@ def test_seeks_that_land_late_and_other_streams_durations_do_not_mislead(tmp_pat
     seconds = 10.0 if fmt == "ts" else 2.0
     path = mf.make_video(tmp_path / f"v.{fmt}", fmt, seconds=seconds, fps=10, audio=True, audio_seconds=seconds + 6)
     n = int(seconds * 10)
-    images, cut = decode_frames(str(path), 8, None, 3600.0, PIXELS)
+    images, cut, _ = decode_frames(str(path), 8, None, 3600.0, PIXELS)
     got = [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), n) for im in images]
     expected = [round((k + 0.5) * n / 8 - 0.5 + 1e-9) for k in range(8)]  # the frame showing mid-span
     assert not cut and all(abs(g - e) <= 1 for g, e in zip(got, expected)), (got, expected)
@@ -106,14 +106,14 @@ def test_a_long_clip_is_not_decoded_whole(tmp_path: Path, monkeypatch: pytest.Mo
             yield frame
 
     monkeypatch.setattr(video_mod, "_decode", counting)
-    images, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
+    images, _, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
     assert len(images) == 4
     assert len(decoded) <= 4 * 12  # about a key-frame interval per sampled frame, of 300 frames
 
 
 def test_video_limits_cut_and_refuse(tmp_path: Path) -> None:
     path = mf.make_video(tmp_path / "v.mp4", "mp4", seconds=2.0, fps=10)
-    images, cut = decode_frames(str(path), 2, None, 1.0, PIXELS)  # --max-video-seconds 1
+    images, cut, _ = decode_frames(str(path), 2, None, 1.0, PIXELS)  # --max-video-seconds 1
     assert cut and [mf.nearest_frame(np.asarray(im).reshape(-1, 3).mean(axis=0), 20) for im in images] == [2, 7]
     err = error_of(decode_frames, str(path), 2, None, 3600.0, 1000)
     assert (err.code, err.reason) == (413, "media.too_large")
@@ -187,8 +187,8 @@ def test_a_clip_in_an_object_store_is_read_only_where_its_frames_are(tmp_path: P
     monkeypatch.setattr(StoreFile, "open", counting)
     clip = load_clip("memory://clips/long.mp4", "", MediaConfig())
     assert isinstance(clip, StoreFile)
-    images, _ = decode_frames(clip, 4, None, 3600.0, PIXELS)
-    local, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
+    images, _, _ = decode_frames(clip, 4, None, 3600.0, PIXELS)
+    local, _, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
     assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in local]
     assert 0 < sum(read) < path.stat().st_size / 2  # the sampled frames' ranges, not the whole clip
     err = error_of(load_clip, "memory://clips/missing.mp4", "", MediaConfig())
@@ -245,14 +245,14 @@ def test_a_clip_behind_a_url_is_fetched_in_ranges(tmp_path: Path, ranged_server:
     media = MediaConfig(fetch_retries=0)
     clip = load_clip(url, "", media)
     assert isinstance(clip, ranged.HttpClip)
-    local, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
-    images, _ = decode_frames(clip, 4, None, 3600.0, PIXELS)
+    local, _, _ = decode_frames(str(path), 4, None, 3600.0, PIXELS)
+    images, _, _ = decode_frames(clip, 4, None, 3600.0, PIXELS)
     assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in local]
     size = path.stat().st_size
     assert 0 < ranged_server.sent < size / 2  # the blocks around 4 frames and the index
 
     ranged_server.ranges, ranged_server.sent = False, 0  # a server without ranges: one whole fetch
-    images, _ = decode_frames(load_clip(url, "", media), 4, None, 3600.0, PIXELS)
+    images, _, _ = decode_frames(load_clip(url, "", media), 4, None, 3600.0, PIXELS)
     assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in local]
     assert ranged_server.sent >= size
     err = error_of(decode_frames, load_clip(url.replace("long", "gone"), "", media), 4, None, 3600.0, PIXELS)

@@ -120,7 +120,7 @@ def test_a_clip_run_over_video_clips_is_the_mean_of_their_frames(tmp_path: Path,
     assert res.counters.mod("image").encoded == 1 and res.counters.mod("video").skipped == 1
     got = embeddings(tmp_path / "out")
     for key, path in clips.items():
-        frames, _ = decode_frames(str(path), 4, None, 3600.0, 10**8)
+        frames, _, _ = decode_frames(str(path), 4, None, 3600.0, 10**8)
         np.testing.assert_allclose(got[(key, "video")], reference_video(tiny_clip, frames), atol=1e-5, rtol=0)
 
     default = run_encode(cfg_for(manifest, tmp_path / "default", tiny_clip))  # video only when asked
@@ -152,7 +152,7 @@ def test_pooling_frames_writes_each_clips_frame_embeddings(tmp_path: Path, tiny_
     assert res.counters.balanced and res.counters.mod("video").encoded == 2 and res.counters.mod("text").requested == 0
     got = {e.id: e.array for e in iter_token_embeddings(tmp_path / "out", modality="video")}
     for key, path in clips.items():
-        frames, _ = decode_frames(str(path), 3, None, 3600.0, 10**8)
+        frames, _, _ = decode_frames(str(path), 3, None, 3600.0, 10**8)
         assert got[key].shape == (3, 16)
         np.testing.assert_allclose(got[key], unit(reference_frames(tiny_clip, frames)), atol=1e-5, rtol=0)
 

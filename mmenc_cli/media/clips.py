@@ -57,8 +57,8 @@ def open_media(source: str | bytes | StoreFile | HttpClip) -> Iterator[Any]:
         except MMError:
             raise
         except Exception as exc:
-            if isinstance(source, StoreFile) and isinstance(exc, OSError) \
-                    and not isinstance(exc, av.error.FFmpegError):  # the store failed a read: not the media's fault
+            if isinstance(source, StoreFile) and not isinstance(exc, (av.error.FFmpegError, MemoryError)):
+                # not FFmpeg's: the store failed a read (OSError, or its client library's own error)
                 raise MMError(trim_message(f"cannot read {source.shown}: {exc}"), stage="load",
                               reason="remote.unavailable", error=type(exc).__name__) from exc
             raise _av_error(exc) from exc

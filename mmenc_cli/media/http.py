@@ -155,7 +155,7 @@ class _WatchedHTTPS(_Watched, urllib.request.HTTPSHandler):
 
 
 class NoRanges(Exception):
-    """The server answered a range request with the whole body (200): it does not serve ranges."""
+    """The server answered a range request with another range than asked: not to be trusted."""
 
 
 def fetch(url: str, cfg: MediaConfig, backoff: float) -> tuple[bytes, str | None]:
@@ -163,19 +163,21 @@ def fetch(url: str, cfg: MediaConfig, backoff: float) -> tuple[bytes, str | None
 
     Time is bounded: each attempt ends after about `fetch_timeout` (the whole exchange), and each
     wait is at most max(BACKOFF_CAP_S, RETRY_AFTER_MAX_S)."""
-    data, content_type, _ = _with_retries(url, cfg, backoff, None)
+    data, content_type, _, _ = _with_retries(url, cfg, backoff, None)
     return data, content_type
 
 
-def fetch_range(url: str, cfg: MediaConfig, backoff: float, start: int, length: int) -> tuple[bytes, int | None]:
-    """GET bytes [start, start + length) of `url` (retried like `fetch`), and the resource's whole
-    size from Content-Range; `NoRanges` when the server sends the whole body instead."""
-    data, _, total = _with_retries(url, cfg, backoff, (start, start + length - 1))
-    return data, total
+def fetch_range(url: str, cfg: MediaConfig, backoff: float, start: int,
+                length: int) -> tuple[bytes, int | None, bool]:
+    """GET bytes from `start` (at most `length`) of `url`, retried like `fetch`: (the bytes, the
+    resource's whole size from Content-Range (None: not said), True) for a range; (the whole body,
+    its size, False) when the server ignores ranges. `NoRanges` when it answers another range."""
+    data, _, total, partial = _with_retries(url, cfg, backoff, (start, start + length - 1))
+    return data, (total if partial else len(data)), partial
 
 
 def _with_retries(url: str, cfg: MediaConfig, backoff: float,
-                  byte_range: tuple[int, int] | None) -> tuple[bytes, str | None, int | None]:
+                  byte_range: tuple[int, int] | None) -> tuple[bytes, str | None, int | None, bool]:
     attempts = 1 + cfg.fetch_retries
     last: Transient | None = None
     for attempt in range(attempts):
@@ -204,7 +206,7 @@ def _retry_delay(attempt: int, base: float, retry_after: float | None) -> float 
 
 
 def _fetch_once(url: str, cfg: MediaConfig,
-                byte_range: tuple[int, int] | None) -> tuple[bytes, str | None, int | None]:
+                byte_range: tuple[int, int] | None) -> tuple[bytes, str | None, int | None, bool]:
     """One GET within `fetch_timeout`; raises `Transient` for what a retry may fix, `MMError` for
     the rest."""
     dog = _Watchdog(cfg.fetch_timeout)
@@ -220,10 +222,10 @@ def _fetch_once(url: str, cfg: MediaConfig,
 
 
 def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog,
-              byte_range: tuple[int, int] | None = None) -> tuple[bytes, str | None, int | None]:
+              byte_range: tuple[int, int] | None = None) -> tuple[bytes, str | None, int | None, bool]:
     shown = describe_source(url)
     deadline = time.monotonic() + cfg.fetch_timeout
-    total = None
+    total, partial = None, False
     try:
         headers = {"User-Agent": USER_AGENT, "Accept": "image/*" if byte_range is None else "*/*"}
         if byte_range is not None:
@@ -231,12 +233,13 @@ def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog,
         request = urllib.request.Request(_to_uri(url), headers=headers)
         opener = urllib.request.build_opener(_RedirectHandler, _WatchedHTTP(dog), _WatchedHTTPS(dog))
         with opener.open(request, timeout=cfg.fetch_timeout) as resp:
-            if byte_range is not None:
-                if resp.status != 206:
-                    raise NoRanges(f"{shown} answered a range request with HTTP {resp.status}")
-                total = _range_total(resp.headers.get("Content-Range", ""))
+            if byte_range is not None and resp.status == 206:  # else (200) the whole body follows
+                first, total = _content_range(resp.headers.get("Content-Range", ""))
+                if first != byte_range[0]:
+                    raise NoRanges(f"{shown} answered the range from byte {byte_range[0]} with one from {first}")
                 if total is not None:
                     check_size(total, cfg, shown)
+                partial = True
             declared = resp.headers.get("Content-Length", "").strip()
             expected = int(declared) if declared.isdigit() else None
             if expected is not None:
@@ -262,13 +265,15 @@ def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog,
     if expected is not None and len(data) < expected:
         raise Transient(load_error(f"connection closed after {len(data)} of {expected} bytes "
                                    f"from {shown}", "remote.unavailable"))
-    return check_payload(data, cfg, shown), content_type, total
+    return check_payload(data, cfg, shown), content_type, total, partial
 
 
-def _range_total(content_range: str) -> int | None:
-    """The whole size in a Content-Range header ("bytes 0-99/1234"); None when unknown ("*")."""
-    total = content_range.rpartition("/")[2].strip()
-    return int(total) if total.isdigit() else None
+def _content_range(header: str) -> tuple[int | None, int | None]:
+    """(first byte, whole size) of a Content-Range header ("bytes 0-99/1234"); None where it does
+    not say (a size of "*", a malformed header)."""
+    span, _, total = header.removeprefix("bytes").strip().partition("/")
+    first = span.partition("-")[0].strip()
+    return (int(first) if first.isdigit() else None), (int(total) if total.strip().isdigit() else None)
 
 
 def _to_uri(url: str) -> str:

@@ -74,7 +74,7 @@ def decode_frames(source: str | bytes | StoreFile | HttpClip, frames: int, fps: 
     if ended is not None and start + times[-1] - ended > max(TRUNCATED_S, 0.1 * span):
         raise decode_error(f"the video stream ends at {ended - start:.2f} s, but it says it lasts "
                            f"{duration:.2f} s: truncated or corrupt", "media.unreadable")
-    step = times[1] - times[0] if len(times) > 1 else span
+    step = times[1] - times[0] if len(times) > 1 else (1 / fps if fps else span)
     return Sampled(images, duration > max_seconds, step)
 
 

@@ -206,9 +206,13 @@ class _Ranges(BaseHTTPRequestHandler):
             self.send_error(404)
             return
         asked = self.headers.get("Range")
+        self.server.requests += 1  # type: ignore[attr-defined]
         if asked and self.server.ranges:  # type: ignore[attr-defined]
             first, last = (int(x) for x in asked.removeprefix("bytes=").split("-"))
-            body = data[first:last + 1]
+            if first >= self.server.fail_from:  # type: ignore[attr-defined]
+                self.send_error(500)
+                return
+            body = data[first:min(last + 1, first + self.server.cap)]  # type: ignore[attr-defined]
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")
         else:
@@ -226,7 +230,8 @@ class _Ranges(BaseHTTPRequestHandler):
 @pytest.fixture
 def ranged_server() -> Any:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Ranges)
-    server.files, server.ranges, server.sent = {}, True, 0  # type: ignore[attr-defined]
+    server.files, server.ranges, server.sent, server.requests = {}, True, 0, 0  # type: ignore[attr-defined]
+    server.cap, server.fail_from = 1 << 40, 1 << 40  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -251,10 +256,21 @@ def test_a_clip_behind_a_url_is_fetched_in_ranges(tmp_path: Path, ranged_server:
     size = path.stat().st_size
     assert 0 < ranged_server.sent < size / 2  # the blocks around 4 frames and the index
 
-    ranged_server.ranges, ranged_server.sent = False, 0  # a server without ranges: one whole fetch
+    ranged_server.cap = 4096  # ranges answered short: each block completed by further requests
     images, _, _ = decode_frames(load_clip(url, "", media), 4, None, 3600.0, PIXELS)
     assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in local]
-    assert ranged_server.sent >= size
+    ranged_server.cap = 1 << 40
+
+    ranged_server.ranges, ranged_server.sent = False, 0  # a server without ranges: its one whole answer
+    images, _, _ = decode_frames(load_clip(url, "", media), 4, None, 3600.0, PIXELS)
+    assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in local]
+    assert ranged_server.sent == size
+
+    ranged_server.ranges, ranged_server.fail_from, ranged_server.requests = True, 1 << 16, 0  # block 1 fails
+    err = error_of(decode_frames, load_clip(url, "", MediaConfig(fetch_retries=1)), 4, None, 3600.0, PIXELS)
+    assert (err.code, err.reason, err.stage) == (503, "remote.unavailable", "load")
+    assert ranged_server.requests == 1 + 2  # block 0, then block 1 tried twice: the failure sticks
+    ranged_server.fail_from = 1 << 40
     err = error_of(decode_frames, load_clip(url.replace("long", "gone"), "", media), 4, None, 3600.0, PIXELS)
     assert (err.code, err.reason, err.stage) == (404, "remote.not_found", "load")
     ranged_server.ranges = True

@@ -20,17 +20,23 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
-def mean_of_frames(encode_images: Callable[[list[ImageInput]], EncodeOutput],
-                   payloads: Sequence[VideoInput]) -> EncodeOutput:
-    """One vector per clip: its frames encoded as one image batch, averaged per clip (float32)."""
+def frames_of_clips(encode_images: Callable[[list[ImageInput]], EncodeOutput],
+                    payloads: Sequence[VideoInput]) -> list["torch.Tensor"]:
+    """Each clip's `[frames, dim]` float32 embeddings: the frames of all clips encoded as one image batch."""
     import torch
 
-    frames = [frame for clip in payloads for frame in clip.frames]
-    vectors = encode_images(frames).vectors
-    if not isinstance(vectors, torch.Tensor):  # token-level outputs have no mean of frames here
+    vectors = encode_images([frame for clip in payloads for frame in clip.frames]).vectors
+    if not isinstance(vectors, torch.Tensor):  # token-level outputs have no vector per frame
         raise ValueError("video clips need a pooled image encoder (one vector per frame)")
-    counts = [len(clip.frames) for clip in payloads]
-    return EncodeOutput(torch.stack([part.float().mean(dim=0) for part in torch.split(vectors, counts)]))
+    return [part.float() for part in torch.split(vectors, [len(clip.frames) for clip in payloads])]
+
+
+def mean_of_frames(encode_images: Callable[[list[ImageInput]], EncodeOutput],
+                   payloads: Sequence[VideoInput]) -> EncodeOutput:
+    """One vector per clip: the mean of its frames' embeddings (float32)."""
+    import torch
+
+    return EncodeOutput(torch.stack([part.mean(dim=0) for part in frames_of_clips(encode_images, payloads)]))
 
 
 def collate_audio(payloads: Sequence[AudioInput], device: str, dtype: "torch.dtype") -> dict[str, "torch.Tensor"]:
@@ -68,14 +74,9 @@ class FramesEncoder(Encoder):
 
     def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
         """One float32 `[frames, dim]` tensor per clip (its frames encoded as one image batch)."""
-        import torch
-
         if modality != "video":
             raise ValueError(f"--pooling frames encodes video clips only, not {modality!r}")
-        frames = [frame for clip in payloads for frame in clip.frames]
-        vectors = self.inner.encode("image", frames).vectors
-        assert isinstance(vectors, torch.Tensor)
-        return EncodeOutput([part.float() for part in torch.split(vectors, [len(c.frames) for c in payloads])])
+        return EncodeOutput(frames_of_clips(lambda frames: self.inner.encode("image", frames), payloads))
 
     def device_seconds(self) -> float | None:
         return self.inner.device_seconds()

@@ -75,36 +75,32 @@ def load_clip(source: Source, base_dir: str, cfg: MediaConfig, *,
     """An audio or video clip for PyAV: the checked path of a local file, an object-store file or
     an http(s) URL (opened where it lies, so only what is decoded is read: `ranged.py`), else its
     bytes (data URIs, inline bytes). Failures as in `load_image`, stage "load"."""
-    path = guard("load", _local_path, source, base_dir)
-    if path is not None:
-        guard("load", check_file, path, cfg)
-        return path
-    url = _store_url(source, base_dir)
-    if url is not None:
-        return guard("load", store_file, url, cfg)
-    if isinstance(source, str) and source[:8].lower().startswith(("http://", "https://")):
-        return HttpClip(source, cfg, http.BACKOFF_BASE_S if backoff is None else backoff, str(describe_source(source)))
+    kind, where = guard("load", locate, source, base_dir)
+    if kind == "path":
+        guard("load", check_file, where, cfg)
+        return where
+    if kind == "store":
+        return guard("load", store_file, where, cfg)
+    if kind == "http":
+        return HttpClip(where, cfg, http.BACKOFF_BASE_S if backoff is None else backoff, str(describe_source(where)))
     return load_encoded(source, base_dir, cfg, backoff=backoff)[0]
 
 
-def _store_url(source: Source, base_dir: str) -> str | None:
-    """The fsspec URL a source names (an object store, or a relative path below one), else None."""
+def locate(source: Source, base_dir: str) -> tuple[str, str]:
+    """Where a source's bytes are: ("path", a local file), ("store", an fsspec URL, a relative path
+    below one included), ("http", a URL) or ("inline", ""): bytes, a data URI, or a value that is
+    not a source (the loaders say what is wrong with it)."""
     if not isinstance(source, str) or not source.strip() or source[:5].lower() == "data:":
-        return None
+        return "inline", ""
     match = SCHEME.match(source)
     if match is None:
-        return base_dir.rstrip("/") + "/" + source if SCHEME.match(base_dir) else None
-    return source if match.group(1).lower() not in ("http", "https", "file") else None
-
-
-def _local_path(source: Source, base_dir: str) -> str | None:
-    """The local file a source names (a path or a file:// URL), None for anything else."""
-    if not isinstance(source, str) or not source.strip() or source[:5].lower() == "data:":
-        return None
-    match = SCHEME.match(source)
-    if match is None:
-        return None if SCHEME.match(base_dir) else os.path.join(base_dir, os.path.expanduser(source))
-    return file_url_path(source) if match.group(1).lower() == "file" else None
+        if SCHEME.match(base_dir):  # a relative path in a folder or manifest behind an fsspec URL
+            return "store", base_dir.rstrip("/") + "/" + source
+        return "path", os.path.join(base_dir, os.path.expanduser(source))
+    scheme = match.group(1).lower()
+    if scheme == "file":
+        return "path", file_url_path(source)
+    return ("http" if scheme in ("http", "https") else "store"), source
 
 
 def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,
@@ -118,15 +114,9 @@ def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,
                          "media.invalid_source")
     if source[:5].lower() == "data:":
         return data_uri_bytes(source, cfg)
-    match = SCHEME.match(source)
-    if match is None:
-        if SCHEME.match(base_dir):  # a relative path in a folder or manifest behind an fsspec URL
-            return read_fsspec(base_dir.rstrip("/") + "/" + source, cfg), None
-        path = os.path.join(base_dir, os.path.expanduser(source))
-        return read_file(path, cfg), None
-    scheme = match.group(1).lower()
-    if scheme == "file":
-        return read_file(file_url_path(source), cfg), None
-    if scheme in ("http", "https"):
-        return http.fetch(source, cfg, backoff)
-    return read_fsspec(source, cfg), None
+    kind, where = locate(source, base_dir)
+    if kind == "path":
+        return read_file(where, cfg), None
+    if kind == "http":
+        return http.fetch(where, cfg, backoff)
+    return read_fsspec(where, cfg), None

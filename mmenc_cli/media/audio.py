@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .clips import decode_error, open_media, pick_stream
+from .clips import decode_error, decoded, open_media, pick_stream
 
 
 def decode_audio(source: str | bytes, rate: int, seconds: float | None) -> tuple[np.ndarray, bool]:
@@ -26,7 +26,7 @@ def decode_audio(source: str | bytes, rate: int, seconds: float | None) -> tuple
     with open_media(source) as container:
         stream = pick_stream(container, "audio")
         resampler = av.AudioResampler(format="fltp", rate=rate)
-        for frame in _frames(container, stream):
+        for frame in decoded(container, stream):
             for out in resampler.resample(frame):
                 total += _keep(parts, out)
             if need is not None and total > need:
@@ -41,12 +41,6 @@ def decode_audio(source: str | bytes, rate: int, seconds: float | None) -> tuple
     if need is not None and len(samples) > need:
         samples, cut = samples[:need], True
     return np.ascontiguousarray(samples, dtype=np.float32), cut
-
-
-def _frames(container, stream):  # type: ignore[no-untyped-def]
-    """The decoded frames of `stream`, the decoder flushed at the end."""
-    for packet in container.demux(stream):
-        yield from packet.decode()
 
 
 def _keep(parts: list[np.ndarray], frame) -> int:  # type: ignore[no-untyped-def]

@@ -78,6 +78,12 @@ def pick_stream(container: Any, kind: str) -> Any:
     return stream
 
 
+def decoded(container: Any, stream: Any) -> Iterator[Any]:
+    """The decoded frames of `stream` from where the container is, the decoder flushed at the end."""
+    for packet in container.demux(stream):
+        yield from packet.decode()
+
+
 #: FFmpeg errors that mean "not something this FFmpeg decodes" (415) rather than corrupt bytes
 _UNSUPPORTED = ("DecoderNotFoundError", "PatchWelcomeError")
 

@@ -2,7 +2,7 @@
 that costs nothing, against a one-core loop doing the same decode + resize + crop.
 
     python benchmarks/bench_feed.py [--sizes 640x480,1280x960,1920x1080] [--images 256]
-                                    [--workers W] [--photos DIR]
+                                    [--workers W] [--photos DIR] [--fidelity-only]
 
 Input: generated photo-like JPEGs (quality 90; `common.make_jpegs`, cached). Preprocessing:
 CLIP's (bicubic shortest edge 224, center crop 224), the uint8 worker path. For each size:
@@ -21,9 +21,10 @@ from the workers, batching, accounting, writing; `time.process_time` over the ru
 cost <= 0.1 ms per item.
 
 Then the fast path's fidelity: PSNR of its model-input pixels against exact decoding, min and
-median, on the generated images of each size and 4000x3000, and on real photos: scikit-learn's
-two (640x427, so measured for a 160-pixel input: 427 >= 2 x 160) and any in `--photos DIR` (at 224).
-Target: min >= 30 dB, median >= 40 dB.
+median, on the generated images of each size and 4000x3000, and on real photos: scikit-learn's two
+(640x427) and any JPEG or PNG in `--photos DIR`, each measured at the ratios of 640x480, 1920x1080
+and 4000x3000 to a 224 input (the input edge scaled to the photo: what decides the reduced decode
+and the resize is the ratio). Target: min >= 30 dB, median >= 40 dB.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def loop_rate(paths: list[Path], fast: bool) -> float:
     from mmenc_cli.media.decode import decode_image
 
     pre, media = _clip(), MediaConfig()
+    pre = pre.for_fast_decode() if fast else pre
     t0 = time.perf_counter()
     for path in paths:
         pre(decode_image(path.read_bytes(), media, None, pre.draft_size if fast else None))
@@ -101,17 +103,19 @@ def mmenc_rate(paths: list[Path], mode: str, workers: int | None) -> tuple[float
     return len(paths) / wall, 1000 * cpu / len(paths), batch.workers_per_device()
 
 
-def psnr_stats(datas: list[bytes], edge: int) -> tuple[float, float]:
-    """(min, median) PSNR of the fast path's model input against exact decoding's."""
+def psnr_stats(datas: list[bytes], edge: int | list[int]) -> tuple[float, float]:
+    """(min, median) PSNR of the fast path's model input against exact decoding's (an input edge
+    for all images, or one each)."""
     import numpy as np
 
     from mmenc_cli.config import MediaConfig
     from mmenc_cli.media.decode import decode_image
 
-    pre, media, values = _clip(edge), MediaConfig(), []
-    for data in datas:
+    media, values = MediaConfig(), []
+    for data, side in zip(datas, edge if isinstance(edge, list) else [edge] * len(datas)):
+        pre = _clip(side)
         a = pre(decode_image(data, media, None)).pixels.astype(np.float64)
-        b = pre(decode_image(data, media, None, pre.draft_size)).pixels.astype(np.float64)
+        b = pre.for_fast_decode()(decode_image(data, media, None, pre.draft_size)).pixels.astype(np.float64)
         mse = float(np.mean((a - b) ** 2))
         values.append(float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse))
     return min(values), float(np.median(values))
@@ -142,18 +146,43 @@ def fidelity(sizes: list[tuple[int, int]], photos: Path | None) -> None:
     for w, h in [*sizes, (4000, 3000)]:
         lo, mid = psnr_stats([p.read_bytes() for p in common.make_jpegs(cache, 32, (w, h))], 224)
         print(f"  generated {w}x{h} (32 images, input 224): {lo:.1f} / {mid:.1f}")
+    found = real_photos(photos)
+    if not found:
+        print("  real photos: none (scikit-learn is not installed and no --photos DIR)")
+        return
+    for w, h in [(640, 480), (1920, 1080), (4000, 3000)]:  # each photo at that size's ratio to a 224 input
+        edges = [max(8, round(224 * min(size) / min(w, h))) for size, _ in found]
+        lo, mid = psnr_stats([data for _, data in found], edges)
+        print(f"  real photos ({len(found)}) at the ratio of {w}x{h} to 224 (their short side / "
+              f"{min(w, h) / 224:.2f}): {lo:.1f} / {mid:.1f}")
+
+
+def real_photos(folder: Path | None) -> list[tuple[tuple[int, int], bytes]]:
+    """((width, height), JPEG bytes) of scikit-learn's two photos and of the JPEGs and PNGs in
+    `folder` (a PNG is encoded as a quality-90 JPEG first)."""
+    import io
+
+    from PIL import Image
+
+    paths: list[Path] = []
     try:
         import sklearn.datasets
 
-        found = sorted((Path(sklearn.datasets.__file__).parent / "images").glob("*.jpg"))
-        lo, mid = psnr_stats([p.read_bytes() for p in found], 160)
-        print(f"  real photos: scikit-learn's {len(found)} (640x427, input 160): {lo:.1f} / {mid:.1f}")
+        paths += sorted((Path(sklearn.datasets.__file__).parent / "images").glob("*.jpg"))
     except ImportError:
-        print("  real photos: scikit-learn is not installed (its two sample photos are the default)")
-    if photos is not None:
-        found = sorted(p for p in photos.iterdir() if p.suffix.lower() in (".jpg", ".jpeg"))
-        lo, mid = psnr_stats([p.read_bytes() for p in found], 224)
-        print(f"  real photos: {len(found)} in {photos} (input 224): {lo:.1f} / {mid:.1f}")
+        pass
+    if folder is not None:
+        paths += sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    found = []
+    for path in paths:
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as im:
+            if im.format != "JPEG":
+                buf = io.BytesIO()
+                im.convert("RGB").save(buf, "JPEG", quality=90)
+                data = buf.getvalue()
+            found.append((im.size, data))
+    return found
 
 
 def main() -> None:
@@ -161,11 +190,13 @@ def main() -> None:
     ap.add_argument("--sizes", default="640x480,1280x960,1920x1080")
     ap.add_argument("--images", type=int, default=256)
     ap.add_argument("--workers", type=int, default=None, help="decode workers (default: mmenc's, CPUs - 1)")
-    ap.add_argument("--photos", type=Path, default=None, help="a folder of your own JPEG photos for the PSNR")
+    ap.add_argument("--photos", type=Path, default=None, help="a folder of your own photos (JPEG, PNG) for the PSNR")
+    ap.add_argument("--fidelity-only", action="store_true", help="only the PSNR part")
     args = ap.parse_args()
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     print(common.machine())
-    feed(sizes, args.images, args.workers)  # type: ignore[arg-type]
+    if not args.fidelity_only:
+        feed(sizes, args.images, args.workers)  # type: ignore[arg-type]
     fidelity(sizes, args.photos)  # type: ignore[arg-type]
 
 

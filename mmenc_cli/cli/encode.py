@@ -174,8 +174,9 @@ def encode(
     fetch_retries: Annotated[int, typer.Option(help="HTTP retries with back-off.")] = 3,
     decode_timeout: Annotated[float, typer.Option(help="Seconds to read, decode and preprocess one image "
                                                        "(after its fetch); a worker past it is replaced.")] = 60.0,
-    decode: Annotated[Optional[str], typer.Option(help="fast: JPEGs at least twice the model's input decode at a "
-                                                  "reduced scale (several times faster); exact: the processor's own "
+    decode: Annotated[Optional[str], typer.Option(help="fast: JPEGs at least 4x the model's input decode at a "
+                                                  "reduced scale, resizes run on torch's SIMD kernels (several "
+                                                  "times faster, close pixels); exact: the processor's own "
                                                   "pixels; gpu: JPEGs decoded and resized on the device (nvJPEG, "
                                                   "needs mmenc[gpu]) [default: fast; a resumed output keeps its "
                                                   "mode]", show_default=False)] = None,

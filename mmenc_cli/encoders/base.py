@@ -42,16 +42,31 @@ class ImageInput:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+#: `Image.info` key of a JPEG decoded at a reduced scale: ((width, height) of the full upright image,
+#: the box of the reduced image that it covers). The reduced size rounds up to whole pixels, so the
+#: resize's target comes from the full size and the resize takes the box (the full decode's geometry).
+REDUCED = "mmenc_reduced"
+
+
 class ImagePreprocessor(ABC):
-    """Runs in worker processes: RGB PIL image -> `ImageInput`. Must be picklable, torch-free."""
+    """Runs in worker processes: RGB PIL image -> `ImageInput`. Must be picklable, hold no tensors."""
 
     @abstractmethod
     def __call__(self, image: "Image.Image") -> ImageInput: ...
 
     def draft_size(self, width: int, height: int) -> tuple[int, int] | None:
-        """(width, height) the preprocessing needs of an upright image this size, when a JPEG of it
-        may be decoded at a reduced scale (`--decode fast`); None: decode in full (the default)."""
+        """(width, height) to decode a JPEG of an upright image this size at, when it may be decoded
+        at a reduced scale (`--decode fast`); None: decode in full (the default)."""
         return None
+
+    def for_fast_decode(self) -> "ImagePreprocessor":
+        """This preprocessor under `--decode fast`: faster, pixels close to (not the same as) its
+        own (default: itself)."""
+        return self
+
+    def imports_torch(self) -> bool:
+        """True when calling it imports torch (decode workers then preload it, one thread each)."""
+        return False
 
     def max_pixel_bytes(self) -> int | None:
         """An upper bound of one image's uint8 `pixels` in bytes, when there is one: the decode

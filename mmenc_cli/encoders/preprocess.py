@@ -2,8 +2,8 @@
 
 Most vision processors (CLIP, SigLIP, ViT, DINOv2's BiT processor, ...) run
 convert RGB -> resize -> center crop -> rescale -> normalize. Resize and crop produce uint8 pixels,
-so workers do only those two steps (`PixelPreprocessor`, PIL + numpy, no torch, no transformers)
-and ship compact uint8 CHW arrays; the encoder maps uint8 to normalized float32 on the device with
+so workers do only those two steps (`PixelPreprocessor`, PIL + numpy, no transformers; torch only
+for `--decode fast`'s resize, `resize.py`) and ship compact uint8 CHW arrays; the encoder maps uint8 to normalized float32 on the device with
 a 3 x 256 lookup table (`normalization_table`). The table is computed with the same numpy float32
 operations as transformers' PIL processor, so the split path reproduces the processor's
 `pixel_values` bit for bit.
@@ -15,12 +15,13 @@ Unpickling that one imports transformers (and so torch) in the worker; the uint8
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import ImageInput, ImagePreprocessor
+from .base import REDUCED, ImageInput, ImagePreprocessor
+from .resize import TORCH_FILTERS, resized_chw
 
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
@@ -96,16 +97,25 @@ class PixelPreprocessor(ImagePreprocessor):
     crop: tuple[int, int] | None
     resample: int
     rounded_crop: bool = False
+    fast: bool = False  # resize with torch's antialiased uint8 kernels (`--decode fast`)
+
+    def for_fast_decode(self) -> "PixelPreprocessor":
+        return replace(self, fast=True)
+
+    def imports_torch(self) -> bool:
+        return self.fast and self.resample in TORCH_FILTERS
 
     def draft_size(self, width: int, height: int) -> tuple[int, int] | None:
-        """(width, height) the resize needs from an image of this size, when the image is at least
-        twice that on both sides (a JPEG can then be decoded at a reduced scale); else None."""
+        """(width, height) to ask a JPEG decoder for: twice what the resize needs, when the image is
+        at least four times that on both sides; else None. A reduced DCT scale is a blockwise box
+        filter: the resize after it keeps at least a factor of 2 to antialias, which keeps the
+        pixels close to a full decode's (at a factor near 1, fine detail aliases)."""
         target = self.size
         if self.shortest_edge is not None:
             target = shortest_edge_size(height, width, self.shortest_edge)
-        if target is None or width < 2 * target[1] or height < 2 * target[0]:
+        if target is None or width < 4 * target[1] or height < 4 * target[0]:
             return None
-        return target[1], target[0]
+        return 2 * target[1], 2 * target[0]
 
     def max_pixel_bytes(self) -> int | None:
         """3 x crop (or fixed size) bytes; None when only the shortest edge is fixed."""
@@ -113,13 +123,15 @@ class PixelPreprocessor(ImagePreprocessor):
         return None if fixed is None else 3 * fixed[0] * fixed[1]
 
     def __call__(self, image: "Image.Image") -> ImageInput:
+        full, box = image.info.get(REDUCED) or (image.size, None)  # reduced: the full image's shape decides
         image = to_rgb(image)
         target = self.size
         if self.shortest_edge is not None:
-            target = shortest_edge_size(image.height, image.width, self.shortest_edge)
+            target = shortest_edge_size(full[1], full[0], self.shortest_edge)
         if target is not None and target != (image.height, image.width):
-            image = image.resize((target[1], target[0]), resample=self.resample)
-        pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
+            pixels = resized_chw(image, *target, self.resample, self.fast, box)
+        else:
+            pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
         if self.crop is not None:
             pixels = (center_crop_rounded if self.rounded_crop else center_crop)(pixels, *self.crop)
         return ImageInput(np.ascontiguousarray(pixels))

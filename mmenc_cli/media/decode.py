@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from ..config import MediaConfig
+from ..encoders.base import REDUCED
 from ..errors import MMError, classify, trim_message
 
 #: Formats Pillow could open that we refuse: EPS runs Ghostscript on untrusted input.
@@ -79,15 +80,14 @@ def _formats() -> tuple[str, ...]:
 Draft = Callable[[int, int], "tuple[int, int] | None"]
 
 #: EXIF orientations that swap width and height
-_TRANSPOSED = frozenset({5, 6, 7, 8})
 
 
 def decode_image(data: bytes, cfg: MediaConfig, content_type: str | None, draft: Draft | None = None) -> Image.Image:
     """Identify, size-check, decode and normalise to RGB. Never mutates Pillow globals.
 
-    With `draft`, a JPEG whose resize needs at most half its size on both sides is decoded at the
-    largest DCT scale (1/2, 1/4, 1/8) that still covers that size (`Image.draft`): several times
-    faster, close to but not the same pixels as full decoding (`--decode fast`)."""
+    With `draft`, a JPEG may be decoded at a reduced DCT scale (1/2, 1/4, 1/8: `Image.draft`) no
+    smaller than the size `draft` asks for: several times faster, close to but not the same pixels
+    as full decoding (`--decode fast`)."""
     try:
         im = Image.open(io.BytesIO(data), formats=_formats())
         _check_size(*im.size, cfg)
@@ -131,16 +131,35 @@ def device_jpeg(data: bytes, cfg: MediaConfig) -> bool:
 
 
 def _reduce(im: Image.Image, draft: Draft) -> None:
-    """Ask the JPEG decoder for the smallest DCT scale still covering what the resize needs of the
-    upright image (EXIF orientations 5-8 swap the sides)."""
+    """Ask the JPEG decoder for the reduced scale the preprocessor wants for the upright image
+    (EXIF orientations 5-8 swap the sides); a reduced image records its full size and the box of
+    it that the full image covers, both upright (`REDUCED`)."""
     try:
-        turned = im.getexif().get(0x0112) in _TRANSPOSED
+        orientation = im.getexif().get(0x0112)
     except Exception:  # a broken EXIF block: `_apply_orientation` ignores it too
-        turned = False
-    width, height = im.size
-    need = draft(*((height, width) if turned else (width, height)))
-    if need is not None:
-        im.draft(im.mode, (need[1], need[0]) if turned else need)
+        orientation = None
+    axes = _UPRIGHT_AXES.get(orientation, _UPRIGHT_AXES[1])
+    full = im.size
+    need = draft(*(full[axes[0][0]], full[axes[1][0]]))
+    if need is None:
+        return
+    asked = (need[0], need[1]) if axes[0][0] == 0 else (need[1], need[0])
+    reduced = im.draft(im.mode, asked)
+    if reduced is None:
+        return
+    covered = reduced[1][2:]  # the box of the reduced image the full one covers starts at (0, 0)
+    spans = []
+    for source, flipped in axes:  # upright x, then y: which source axis, mirrored or not
+        end, size = covered[source], im.size[source]
+        spans.append((size - end, size) if flipped else (0.0, end))
+    im.info[REDUCED] = ((full[axes[0][0]], full[axes[1][0]]), (spans[0][0], spans[1][0], spans[0][1], spans[1][1]))
+
+
+#: EXIF orientation -> for the upright image's x and y: (the stored image's axis, 0 = x, 1 = y;
+#: mirrored), as Pillow's `exif_transpose` turns it
+_UPRIGHT_AXES = {1: ((0, False), (1, False)), 2: ((0, True), (1, False)), 3: ((0, True), (1, True)),
+                 4: ((0, False), (1, True)), 5: ((1, False), (0, False)), 6: ((1, True), (0, False)),
+                 7: ((1, True), (0, True)), 8: ((1, False), (0, True))}
 
 
 def _decode_error(exc: BaseException, data: bytes, content_type: str | None) -> MMError:

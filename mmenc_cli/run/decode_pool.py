@@ -62,7 +62,10 @@ class DecodePool:
             if workers > 0 and image is not None else None
         if workers > 0:
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"])
+            preload = ["mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"]
+            if image is not None and image.imports_torch():  # imported once, shared by every worker
+                preload.append("torch")
+            ctx.set_forkserver_preload(preload)
             self._ex = self._executor()
 
     def _executor(self) -> ProcessPoolExecutor:

@@ -57,6 +57,7 @@ class Decoded:
 
 def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
                  slots: tuple[str, int] | None = None) -> None:
+    import importlib
     import signal
     import threading
 
@@ -67,7 +68,9 @@ def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
     _STATE["media"] = media
     _STATE["slots"] = SlotWriter(*slots) if slots is not None else None
     _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
-    if "torch" in sys.modules:  # a feature extractor or video processor imported it: one thread per worker
+    if preprocessors.image is not None and preprocessors.image.imports_torch():
+        importlib.import_module("torch")  # preloaded by the forkserver where it could be
+    if "torch" in sys.modules:  # fast resizing, a feature extractor or a video processor: one thread each
         sys.modules["torch"].set_num_threads(1)
 
 

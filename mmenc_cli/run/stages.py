@@ -19,6 +19,7 @@ from .texts import TextFeed
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pipeline import EncodeRun
+    from ..encoders.base import Encoder
 
 
 class Stages:
@@ -58,19 +59,27 @@ class Stages:
             workers = batch.workers_per_device(len(self.cfg.model.devices))
             in_flight = max(batch.batch_size * batch.prefetch_batches, 2 * CHUNK * workers)  # every worker busy
             frames = self.cfg.media.frames_per_clip()
-            # only what this run encodes: a VL model's video processor imports torch in every worker
-            asked = set(self.run.modalities)
-            pre = Preprocessors(image=encoder.image_preprocessor() if asked & {"image", "video"} else None,
-                                audio=encoder.audio_preprocessor() if "audio" in asked else None,
-                                video=encoder.video_preprocessor() if "video" in asked else None, frames=frames)
+            pre = self._preprocessors(encoder, frames)
             make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731
                                            stop=self.run.stop, slots=in_flight + CHUNK + batch.batch_size,
                                            idle=stage.flush)
             assert self.run.failures is not None
+            asked = set(self.run.modalities)
             sizes = {"image": batch.batch_size, "audio": batch.batch_size, "video": max(1, batch.batch_size // frames)}
             self.media = MediaFeed(make_pool, sizes, batch.max_batch_tokens, self.run.counters, self.run.failures,
                                    stage, device_decode=device_decoder(self.cfg, encoder) if "image" in asked else None)
         return self.media
+
+    def _preprocessors(self, encoder: "Encoder", frames: int) -> Preprocessors:
+        """The workers' preprocessing, only for what this run encodes (a VL model's video processor
+        imports torch in every worker); under `--decode fast` (and for what `--decode gpu` leaves
+        to the CPU) the image preprocessor's fast variant."""
+        asked = set(self.run.modalities)
+        image = encoder.image_preprocessor() if asked & {"image", "video"} else None
+        if image is not None and self.cfg.media.decode in ("fast", "gpu"):
+            image = image.for_fast_decode()
+        return Preprocessors(image=image, audio=encoder.audio_preprocessor() if "audio" in asked else None,
+                             video=encoder.video_preprocessor() if "video" in asked else None, frames=frames)
 
     def add(self, item: Item) -> None:
         """Accept one pending item (not attempted when a stop interrupts the model's loading)."""

@@ -207,7 +207,7 @@ def test_a_run_with_decode_workers_then_a_resume_under_another_library_version(
     OpenCLIP version warns, naming both, and goes on."""
     import open_clip
 
-    from mmenc_cli.config import BatchConfig, RunConfig, WriterConfig
+    from mmenc_cli.config import BatchConfig, MediaConfig, RunConfig, WriterConfig
     from mmenc_cli.outdir import OutDir
     from mmenc_cli.reader import read_embeddings
     from mmenc_cli.run.pipeline import run_encode
@@ -222,7 +222,8 @@ def test_a_run_with_decode_workers_then_a_resume_under_another_library_version(
     for kind, folder in openclip_models.items():
         out = tmp_path / kind
         cfg = RunConfig(manifests=(str(manifest),), model=ModelConfig(model=str(folder), device="cpu"),
-                        writer=WriterConfig(out=str(out)), batch=BatchConfig(batch_size=2, workers=1))
+                        writer=WriterConfig(out=str(out)), batch=BatchConfig(batch_size=2, workers=1),
+                        media=MediaConfig(decode="exact"))  # the library's own pixels (fast resizes with torch)
         assert run_encode(cfg).counters.encoded == 2 * len(rows)
         model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
         with torch.inference_mode():

@@ -1,12 +1,12 @@
-"""Image preprocessing split between worker processes (torch-free) and the encode loop (device).
+"""Image preprocessing split between worker processes and the encode loop (device).
 
 Most vision processors (CLIP, SigLIP, ViT, DINOv2's BiT processor, ...) run
 convert RGB -> resize -> center crop -> rescale -> normalize. Resize and crop produce uint8 pixels,
 so workers do only those two steps (`PixelPreprocessor`, PIL + numpy, no transformers; torch only
-for `--decode fast`'s resize, `resize.py`) and ship compact uint8 CHW arrays; the encoder maps uint8 to normalized float32 on the device with
-a 3 x 256 lookup table (`normalization_table`). The table is computed with the same numpy float32
-operations as transformers' PIL processor, so the split path reproduces the processor's
-`pixel_values` bit for bit.
+for `--decode fast`'s resize, `resize.py`) and ship compact uint8 CHW arrays; the encoder maps
+uint8 to normalized float32 on the device with a 3 x 256 lookup table (`normalization_table`). The
+table is computed with the same numpy float32 operations as transformers' PIL processor, so the
+split path under `--decode exact` reproduces the processor's `pixel_values` bit for bit.
 
 Processors that do anything else (patching, padding, dynamic resolution, remote code) fall back to
 `ProcessorPreprocessor`: the whole processor runs in the worker and ships float32 model inputs.

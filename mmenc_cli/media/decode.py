@@ -76,10 +76,8 @@ def _formats() -> tuple[str, ...]:
     return tuple(f for f in Image.ID if f not in EXCLUDED_FORMATS)
 
 
-#: (width, height) of an upright image -> the size its resize needs, or None: see `decode_image`
+#: (width, height) of an upright image -> the size to decode a JPEG of it at, or None: see `decode_image`
 Draft = Callable[[int, int], "tuple[int, int] | None"]
-
-#: EXIF orientations that swap width and height
 
 
 def decode_image(data: bytes, cfg: MediaConfig, content_type: str | None, draft: Draft | None = None) -> Image.Image:

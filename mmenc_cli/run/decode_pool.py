@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, Sequence
 
-from ..config import MediaConfig
+from ..config import MediaConfig, RunConfig
 from ..errors import MMError
 from ..encoders.base import VideoInput
 from .decode_worker import Decoded, Preprocessors, decode_chunk, decode_one, init_worker, item_deadline
@@ -35,6 +35,28 @@ class _Done:
 
     def result(self) -> list[Decoded]:
         return self._value
+
+
+def start_forkserver(torch: bool) -> None:
+    """Start the process the decode workers fork from, importing what they need first (with `torch`,
+    torch: `--decode fast` resizes with it), once for all of them. Started while the model loads, its
+    imports (a second or two for torch) cost no time; a forkserver already running stays as it is."""
+    import multiprocessing.forkserver
+
+    preload = ["mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"]
+    mp.get_context("forkserver").set_forkserver_preload(preload + (["torch"] if torch else []))
+    multiprocessing.forkserver.ensure_running()
+
+
+def workers_start_early(cfg: RunConfig, device: str) -> bool:
+    """True when the decode workers' forkserver should start before the model loads (preloading
+    torch for `--decode fast`'s resize, so its imports overlap the load instead of delaying the
+    first batch): images asked for, or on a GPU the model's towers not yet known. A text-only run
+    on the CPU never starts it."""
+    asked = cfg.modalities is not None and bool({"image", "video"} & set(cfg.modalities))
+    maybe = cfg.modalities is None and device.startswith("cuda")
+    return (asked or maybe) and cfg.media.decode in ("fast", "gpu") \
+        and cfg.batch.workers_per_device(len(cfg.model.devices)) > 0
 
 
 class DecodePool:
@@ -61,11 +83,7 @@ class DecodePool:
         self.slots: SlotPool | None = shm_slots(slots, image.max_pixel_bytes()) \
             if workers > 0 and image is not None else None
         if workers > 0:
-            ctx = mp.get_context("forkserver")
-            preload = ["mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"]
-            if image is not None and image.imports_torch():  # imported once, shared by every worker
-                preload.append("torch")
-            ctx.set_forkserver_preload(preload)
+            start_forkserver(torch=image is not None and image.imports_torch())
             self._ex = self._executor()
 
     def _executor(self) -> ProcessPoolExecutor:

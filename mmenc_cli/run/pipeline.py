@@ -33,6 +33,7 @@ from ..records import InvalidRow, Item, ManifestRow, NotDownloaded
 from ..report import ErrorReportWriter
 from ..shardlog import reconcile
 from .counters import Counters, RunResult, threshold_exceeded
+from .decode_pool import start_forkserver, workers_start_early
 from .devices import run_devices
 from .failures import FailureSink
 from .metadata import decode_mode, fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
@@ -118,6 +119,8 @@ class EncodeRun:
         if self.cfg.media.decode is None:  # settled once: what the output was written with, or fast
             media = replace(self.cfg.media, decode=decode_mode(self.cfg, self.out.read_run_meta()))
             self.cfg = replace(self.cfg, media=media)
+        if workers_start_early(self.cfg, self.device):  # their imports overlap the model's load
+            start_forkserver(torch=True)
         fp = fingerprint(self.cfg, dtype)
         facts = check_output(self.out, fp)
         if facts is None:

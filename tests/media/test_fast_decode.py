@@ -209,3 +209,31 @@ def test_a_run_preprocesses_as_its_mode_says_in_its_workers(tmp_path: Path, mode
     plain = [_vec(small(decode_image((tmp_path / f"p{i}.jpg").read_bytes(), MediaConfig(), None)).pixels.tobytes(), 8)
              for i in range(2)]
     assert (mode == "exact") == all(np.array_equal(got[f"p{i}"], plain[i]) for i in range(2))
+
+
+def test_the_workers_forkserver_starts_before_the_model_loads_where_images_may_come(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its torch import (for the fast resize) then overlaps the model's load; a text-only run on the
+    CPU, exact mode and in-process decoding never start it."""
+    from mmenc_cli.run import pipeline
+    from mmenc_cli.run.decode_pool import workers_start_early
+
+    path = tmp_path / "a.jpg"
+    path.write_bytes(jpeg(scene(320, 240)))
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "a", "image": str(path)}) + "\n")
+    cfg = make_cfg([tmp_path / "m.jsonl"], tmp_path / "out", workers=1)
+    cfg = replace(cfg, media=replace(cfg.media, decode="fast"))  # as a run resolves it before the load
+    images = replace(cfg, modalities=("image",))
+    assert workers_start_early(images, "cpu") and workers_start_early(cfg, "cuda:0")
+    assert not workers_start_early(cfg, "cpu") and not workers_start_early(replace(cfg, modalities=("text",)), "cuda")
+    assert not workers_start_early(replace(images, media=replace(images.media, decode="exact")), "cpu")
+    assert not workers_start_early(replace(images, batch=replace(images.batch, workers=0)), "cpu")
+    events: list[str] = []
+    monkeypatch.setattr(pipeline, "start_forkserver", lambda torch: events.append(f"forkserver torch={torch}"))
+
+    def load(cfg: object, device: object = None) -> FakeEncoder:
+        events.append("load")
+        return replace(FakeEncoder(), modalities=frozenset({"image"}))
+
+    assert run_encode(images, encoder_factory=load).counters.encoded == 1
+    assert events == ["forkserver torch=True", "load"]

@@ -2,7 +2,7 @@
 
 Image, audio and video files are found recursively, in sorted order (by name, folder by folder),
 by extension (`SUFFIXES`); the media files of one stem in a folder (`walk.jpg`, `walk.mp4`) are
-one sample, named by the first of them; symlinks are followed once (a link back to a folder already walked is
+one sample, named by the first of them (two of one medium, `walk.jpg` and `walk.png`, are two); symlinks are followed once (a link back to a folder already walked is
 skipped); hidden files and folders (a name starting with `.`) are skipped. A sample's id is its
 path relative to the folder; a `.txt` file beside a media file with the same stem is its text (the
 layout clip-retrieval's `files` input and img2dataset's `files` output use), and a `.json` beside
@@ -36,61 +36,81 @@ def medium_of(name: str) -> str:
     return next((m for m, group in SUFFIXES.items() if lower.endswith(group)), "image")
 
 
-def walk(root: str) -> Iterator[tuple[str, dict[str, bool]]]:
-    """(relative path, {sibling name: is_dir}) of every sample under `root`: the first media file
-    (sorted) of each stem of a folder, hidden entries skipped, each real folder walked once."""
+#: one sample of a folder: {medium: file name}, and the folder's {name: is_dir}
+Sample = tuple[dict[str, str], dict[str, bool]]
+
+
+def walk(root: str) -> Iterator[tuple[str, Sample]]:
+    """(relative path of its first file, its sample) of every sample under `root`, in sorted
+    order, hidden entries skipped, each real folder walked once."""
     seen: set[str] = set()
 
-    def visit(folder: str, rel: str) -> Iterator[tuple[str, dict[str, bool]]]:
+    def visit(folder: str, rel: str) -> Iterator[tuple[str, Sample]]:
         key = files.real(folder)
         if key in seen:
             return
         seen.add(key)
         entries = [(n, d) for n, d in files.listdir(folder) if not n.startswith(".")]
         names = dict(entries)
-        stems: set[str] = set()
+        firsts = group_media(entries)
         for name, is_dir in entries:
             path = posixpath.join(rel, name) if rel else name
             if is_dir:
                 yield from visit(files.join(folder, name), path)
-            elif name.lower().endswith(_ALL_SUFFIXES) and name.rsplit(".", 1)[0] not in stems:
-                stems.add(name.rsplit(".", 1)[0])  # the first media file of a stem stands for them all
-                yield path, names
+            elif name in firsts:
+                yield path, (firsts[name], names)
 
     yield from visit(root, "")
 
 
+def group_media(entries: list[tuple[str, bool]]) -> dict[str, dict[str, str]]:
+    """The samples of one folder's sorted listing, by the name of their first file: the media files
+    of one stem, at most one of each medium (`walk.jpg` + `walk.mp4` is one sample; `walk.jpg` and
+    `walk.png` are two)."""
+    by_stem: dict[str, list[dict[str, str]]] = {}
+    firsts: dict[str, dict[str, str]] = {}
+    for name, is_dir in entries:
+        if is_dir or not name.lower().endswith(_ALL_SUFFIXES):
+            continue
+        medium, groups = medium_of(name), by_stem.setdefault(name.rsplit(".", 1)[0], [])
+        group = next((g for g in groups if medium not in g), None)
+        if group is None:
+            group = firsts[name] = {}
+            groups.append(group)
+        group[medium] = name
+    return firsts
+
+
 def folder_records(root: str, pick: tuple[int, int] | None, limit: int) -> Iterator[Raw]:
-    """One record per media file of this task's share (`pick` = (i, k): samples n % k == i)."""
-    for n, (rel, siblings) in enumerate(walk(root)):
+    """One record per sample of this task's share (`pick` = (i, k): samples n % k == i)."""
+    for n, (rel, found) in enumerate(walk(root)):
         if pick is not None and n % pick[1] != pick[0]:
             continue
-        yield None, n, *sample(root, rel, limit, siblings)
+        yield None, n, *sample(root, rel, limit, found)
 
 
-def sample(root: str, rel: str, limit: int,
-           siblings: dict[str, bool] | None = None) -> tuple[dict[str, Any] | None, MMError | None]:
-    """The record of the sample whose first media file is `rel` under `root`: its path, the other
-    media files of its stem beside it (one per medium: `walk.jpg` + `walk.mp4` + `walk.flac`), and
-    the text and fields of the `.txt` and `.json` files beside it (each at most `limit` bytes,
-    else the sample is a 413 row)."""
+def sample(root: str, rel: str, limit: int, found: Sample | None = None) -> tuple[dict[str, Any] | None, MMError | None]:
+    """The record of the sample whose first media file is `rel` under `root` (`found`: its files and
+    its folder's listing, else listed here): its media files (`walk.jpg` + `walk.mp4` +
+    `walk.flac`), and the text and fields of the `.txt` and `.json` files beside it (each at most
+    `limit` bytes, else the sample is a 413 row)."""
     stem = rel.rsplit(".", 1)[0]
-    base = posixpath.basename(stem)
-    if siblings is None:
-        parent = posixpath.dirname(rel)
-        siblings = dict(files.listdir(files.join(root, *parent.split("/")) if parent else root))
+    base, parent = posixpath.basename(stem), posixpath.dirname(rel)
+    if found is None:
+        names = dict(files.listdir(files.join(root, *parent.split("/")) if parent else root))
+        name = posixpath.basename(rel)
+        found = group_media(sorted(names.items())).get(name, {medium_of(name): name}), names
+    media, names = found
     record: dict[str, Any] = {"__key__": rel, "__stem__": base}
-    for name in sorted(n for n, is_dir in siblings.items() if not is_dir and n.rsplit(".", 1)[0] == base
-                       and n.lower().endswith(_ALL_SUFFIXES)):
-        record.setdefault(f"__{medium_of(name)}__", posixpath.join(posixpath.dirname(rel), name))
+    record.update((f"__{medium}__", posixpath.join(parent, name)) for medium, name in media.items())
     try:
-        if siblings is None or f"{base}.json" in siblings:
+        if f"{base}.json" in names:
             fields = _read_sibling(root, stem + ".json", limit)
             if fields is not None:
                 value = json.loads(fields)
                 if isinstance(value, dict):
                     record = {**value, **record}
-        if siblings is None or f"{base}.txt" in siblings:
+        if f"{base}.txt" in names:
             text = _read_sibling(root, stem + ".txt", limit)
             if text is not None:
                 record["__text__"] = text.decode("utf-8").strip()

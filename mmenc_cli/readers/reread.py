@@ -63,9 +63,9 @@ def read_record(path: str, offset: int, limit: int = DEFAULT_MAX_ROW_BYTES,
 def _folder_record(root: str, offset: int, rel: str | None, limit: int) -> tuple[dict[str, Any] | None, MMError | None]:
     if rel is not None and files.info(files.join(root, *rel.split("/"))).exists:
         return sample(root, rel, limit)
-    for n, (found, siblings) in enumerate(walk(root)):
+    for n, (first, found) in enumerate(walk(root)):
         if n == offset:
-            return sample(root, found, limit, siblings)
+            return sample(root, first, limit, found)
     raise ManifestError(f"{root} has no sample number {offset}: has the folder changed since the run?")
 
 

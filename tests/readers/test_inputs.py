@@ -280,3 +280,23 @@ def test_inputs_behind_fsspec_urls(tmp_path: Path) -> None:
     except ImportError:  # the usual case here: the backend is missing, and the error names it
         with pytest.raises(ManifestError, match="s3fs"):
             rows(["s3://bucket/m.jsonl"])
+
+
+def test_a_folder_groups_the_media_of_one_stem_one_file_per_medium(tmp_path: Path) -> None:
+    """`a.jpg` + `a.mp4` are one sample; `a.png` (a second image of the stem) is its own sample,
+    never dropped; a retried row reads back the same sample."""
+    from mmenc_cli.readers.folder import folder_records
+    from mmenc_cli.readers.reread import read_record
+
+    for name in ("a.jpg", "a.png", "a.mp4", "b.flac", "b.jpg", "b.txt", "c.webm"):
+        (tmp_path / name).write_bytes(b"x")
+    got = [(n, rec) for _, n, rec, err in folder_records(str(tmp_path), None, 1000) if err is None]
+    media = {rec["__key__"]: {k: v for k, v in rec.items() if k in ("__image__", "__video__", "__audio__")}
+             for _, rec in got}
+    assert media == {"a.jpg": {"__image__": "a.jpg", "__video__": "a.mp4"}, "a.png": {"__image__": "a.png"},
+                     "b.flac": {"__audio__": "b.flac", "__image__": "b.jpg"}, "c.webm": {"__video__": "c.webm"}}
+    assert [rec["__key__"] for _, rec in got] == ["a.jpg", "a.png", "b.flac", "c.webm"]
+    assert got[2][1]["__text__"] == "x"
+    for n, rec in got:
+        assert read_record(str(tmp_path), n, id=rec["__key__"])[0] == rec
+        assert read_record(str(tmp_path), n)[0] == rec  # by walk position

@@ -77,11 +77,14 @@ class MediaConfig:
     fetch_timeout: float = 20.0
     fetch_retries: int = 3
     decode_timeout: float = 60.0  # reading, decoding, preprocessing one image; fetching has its own
-    #: "fast": a JPEG at least twice the model's input on both sides decodes at a reduced DCT scale;
+    #: "fast": a JPEG at least four times the model's input decodes at a reduced DCT scale, resizes
+    #: run on torch's kernels;
     #: "exact": full decoding, the processor's own pixels; "gpu": JPEGs decoded and resized on the
     #: model's device; None: fast for a new output, else what the output was written with (the run
     #: settles it, `run/metadata.decode_mode`)
     decode: str | None = None
+    #: the option `max_file_bytes` stands for (`limit_bytes`): what a payload over it is told
+    limit_option: str = field(default="--max-file-bytes", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.decode not in (None, "fast", "exact", "gpu"):
@@ -107,8 +110,10 @@ class MediaConfig:
 
     def limit_bytes(self, medium: str) -> "MediaConfig":
         """This config with `max_file_bytes` set to `medium`'s limit (the loaders read that one)."""
-        limit = {"audio": self.max_audio_bytes, "video": self.max_video_bytes}.get(medium, self.max_file_bytes)
-        return self if limit == self.max_file_bytes else replace(self, max_file_bytes=limit)
+        if medium not in ("audio", "video"):
+            return self
+        limit = self.max_audio_bytes if medium == "audio" else self.max_video_bytes
+        return replace(self, max_file_bytes=limit, limit_option=f"--max-{medium}-bytes")
 
 
 @dataclass(frozen=True)
@@ -240,4 +245,6 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy for the run metadata."""
-        return asdict(self)
+        out = asdict(self)
+        del out["media"]["limit_option"]  # a loader's detail, not an option
+        return out

@@ -74,11 +74,9 @@ def exc_name(exc: BaseException) -> str:
 
 
 def check_size(size: int, cfg: MediaConfig, what: str) -> None:
-    """Refuse a payload over --max-file-bytes before (or while) reading it."""
+    """Refuse a payload over --max-file-bytes (or the clip's own limit) before (or while) reading it."""
     if size > cfg.max_file_bytes:
-        option = {cfg.max_audio_bytes: "--max-audio-bytes", cfg.max_video_bytes: "--max-video-bytes"}.get(
-            cfg.max_file_bytes, "--max-file-bytes")
-        raise load_error(f"{what} is larger than {option} ({size} > {cfg.max_file_bytes})",
+        raise load_error(f"{what} is larger than {cfg.limit_option} ({size} > {cfg.max_file_bytes})",
                          "media.file_too_large")
 
 

@@ -158,6 +158,10 @@ def test_load_clip_opens_local_files_where_they_lie_and_checks_them(tmp_path: Pa
     assert (err.code, err.reason, err.stage) == (400, "media.empty", "load")
     err = error_of(load_clip, "w.wav", str(tmp_path), MediaConfig(max_audio_bytes=100).limit_bytes("audio"))
     assert (err.code, err.reason) == (413, "media.file_too_large") and "--max-audio-bytes" in err.message
+    same = MediaConfig(max_file_bytes=100, max_audio_bytes=100, max_video_bytes=100)  # limits alike: named still
+    for medium in ("audio", "video"):
+        err = error_of(load_clip, "w.wav", str(tmp_path), same.limit_bytes(medium))
+        assert f"--max-{medium}-bytes (" in err.message, err.message
     err = error_of(load_clip, "missing.wav", str(tmp_path), media)
     assert (err.code, err.reason) == (404, "media.not_found")
 

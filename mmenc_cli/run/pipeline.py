@@ -116,6 +116,8 @@ class EncodeRun:
         dtype = resolved_dtype(self.cfg, self.device)
         if self.cfg.media.decode == "gpu":
             jpeg_decoder()  # the extra is installed, or a clear error before anything else
+        if {"audio", "video"} & set(self.cfg.modalities or ()):
+            require_av()  # likewise, before a model is loaded for nothing
         if self.cfg.media.decode is None:  # settled once: what the output was written with, or fast
             media = replace(self.cfg.media, decode=decode_mode(self.cfg, self.out.read_run_meta()))
             self.cfg = replace(self.cfg, media=media)

@@ -20,6 +20,7 @@ from mmenc_cli.config import BatchConfig, MediaConfig, ModelConfig, RunConfig, W
 from mmenc_cli.errors import ModelLoadError  # noqa: E402
 from mmenc_cli.media.audio import decode_audio  # noqa: E402
 from mmenc_cli.media.video import decode_frames  # noqa: E402
+from mmenc_cli.outdir import OutDir  # noqa: E402
 from mmenc_cli.report import retry_rows  # noqa: E402
 from mmenc_cli.run.pipeline import run_encode  # noqa: E402
 from tests import mediafactory as mf  # noqa: E402
@@ -194,8 +195,11 @@ def test_without_pyav_audio_and_video_stop_at_start_naming_the_extra(tmp_path: P
     monkeypatch.setitem(sys.modules, "av", None)  # import av -> ImportError
     manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "video": "a.mp4", "image": "p.png"}])
     make_image(tmp_path / "p.png")
-    with pytest.raises(ModelLoadError, match=r'mmenc\[av\]'):
-        run_encode(cfg_for(manifest, tmp_path / "out", tiny_clip, ("image", "video")))
+    loads: list[str] = []
+    with pytest.raises(ModelLoadError, match=r'mmenc\[av\]'):  # before the model loads, before any output
+        run_encode(cfg_for(manifest, tmp_path / "out", tiny_clip, ("image", "video")),
+                   encoder_factory=lambda cfg, device=None: loads.append("load"))  # type: ignore[func-returns-value]
+    assert loads == [] and not OutDir(tmp_path / "out").run_meta_path.exists()
     res = run_encode(cfg_for(manifest, tmp_path / "images", tiny_clip, ("image",)))  # images need no PyAV
     assert res.counters.mod("image").encoded == 1
 

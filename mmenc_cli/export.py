@@ -92,6 +92,9 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
     facts = (od.read_run_meta() or {}).get("facts") or {}
     if facts.get("output_kind") != "tokens":
         raise OutputError(f"{od.root} is not a --pooling tokens output (nothing to export to vLLM)")
+    if facts.get("pooling") == "frames":
+        raise OutputError(f"{od.root} holds --pooling frames embeddings (one vector per frame, no grid): "
+                          "vLLM takes a VL model's --pooling tokens output")
     dtype = facts.get("out_dtype")
     dest = Path(dest).expanduser().absolute()
     _prepare_dest(dest, overwrite)

@@ -156,6 +156,12 @@ def test_pooling_frames_writes_each_clips_frame_embeddings(tmp_path: Path, tiny_
         frames, _, _ = decode_frames(str(path), 3, None, 3600.0, 10**8)
         assert got[key].shape == (3, 16)
         np.testing.assert_allclose(got[key], unit(reference_frames(tiny_clip, frames)), atol=1e-5, rtol=0)
+    from mmenc_cli.export import export_vllm
+    from mmenc_cli.errors import OutputError
+
+    with pytest.raises(OutputError, match="--pooling frames"):  # at once, not at its first clip
+        export_vllm(tmp_path / "out", tmp_path / "vllm")
+    assert not (tmp_path / "vllm").exists()
 
 
 def test_folders_and_tar_shards_hold_audio_and_video_members(tmp_path: Path, tiny_clap: Path,

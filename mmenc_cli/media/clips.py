@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 from ..errors import MMError, ModelLoadError, trim_message
 from .ranged import HttpClip
-from .stores import StoreFile
+from .sources import file_error
+from .stores import StoreFile, store_error
 
 #: what a missing PyAV install says (a run with audio or video items stops at start, exit 3)
 AV_EXTRA = 'audio and video need PyAV: pip install "mmenc[av]"'
@@ -59,9 +60,13 @@ def open_media(source: str | bytes | StoreFile | HttpClip) -> Iterator[Any]:
         except Exception as exc:
             if isinstance(source, StoreFile) and not isinstance(exc, (av.error.FFmpegError, MemoryError)):
                 # not FFmpeg's: the store failed a read (OSError, or its client library's own error)
+                if isinstance(exc, OSError):
+                    raise store_error(exc, source.shown) from exc
                 raise MMError(trim_message(f"cannot read {source.shown}: {exc}"), stage="load",
                               reason="remote.unavailable", error=type(exc).__name__) from exc
-            raise _av_error(exc) from exc
+            # PyAV's errors are OSErrors too: a local file gone or unreadable is that, not corrupt media
+            found = file_error(exc) if isinstance(source, str) and isinstance(exc, OSError) else None
+            raise (found or _av_error(exc)) from exc
 
 
 def pick_stream(container: Any, kind: str) -> Any:

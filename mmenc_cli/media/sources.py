@@ -122,16 +122,20 @@ def check_file(path: str, cfg: MediaConfig) -> None:
         check_size(st.st_size, cfg, path)
 
 
+def file_error(exc: OSError) -> MMError | None:
+    """A local file's OSError as the load error it means (not found, permission denied, ...);
+    None for an error that says nothing of the file."""
+    reason = _ERRNO_REASONS.get(exc.errno or 0)
+    return None if reason is None else load_error(f"cannot read media file: {exc}", reason, exc)
+
+
 @contextlib.contextmanager
 def _file_errors(path: str) -> Iterator[None]:
     """A local file's OSError or ValueError as the load error it means."""
     try:
         yield
     except OSError as exc:
-        reason = _ERRNO_REASONS.get(exc.errno or 0)
-        if reason is None:
-            raise classify(exc, "load") from exc
-        raise load_error(f"cannot read media file: {exc}", reason, exc) from exc
+        raise (file_error(exc) or classify(exc, "load")) from exc
     except ValueError as exc:  # e.g. "embedded null byte"
         raise load_error(f"invalid path {path!r}: {exc}", "media.invalid_source", exc) from exc
 

@@ -36,7 +36,7 @@ def read_fsspec(url: str, cfg: MediaConfig) -> bytes:
         with found.open() as fh:
             data = fh.read(cfg.max_file_bytes + 1)
     except OSError as exc:
-        raise _store_error(exc, found.shown) from exc
+        raise store_error(exc, found.shown) from exc
     return check_payload(data, cfg, found.shown)
 
 
@@ -57,7 +57,7 @@ def store_file(url: str, cfg: MediaConfig) -> StoreFile:
     try:
         entry = fs.info(inner)
     except OSError as exc:
-        raise _store_error(exc, shown) from exc
+        raise store_error(exc, shown) from exc
     if entry.get("type") == "directory":
         raise load_error(f"{shown} is a directory, not a media file", "media.is_directory")
     size = int(entry.get("size") or 0)
@@ -67,7 +67,7 @@ def store_file(url: str, cfg: MediaConfig) -> StoreFile:
     return StoreFile(fs, inner, str(shown))
 
 
-def _store_error(exc: OSError, shown: str | None) -> MMError:
+def store_error(exc: OSError, shown: str | None) -> MMError:
     """A failure of the store as the load error it means."""
     if isinstance(exc, FileNotFoundError):
         return load_error(f"{shown} does not exist", "media.not_found", exc)

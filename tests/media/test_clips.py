@@ -281,3 +281,27 @@ def test_a_clip_behind_a_url_is_fetched_in_ranges(tmp_path: Path, ranged_server:
     small = MediaConfig(fetch_retries=0, max_video_bytes=size - 1).limit_bytes("video")
     err = error_of(decode_frames, load_clip(url, "", small), 4, None, 3600.0, PIXELS)
     assert (err.code, err.reason) == (413, "media.file_too_large")
+
+
+def test_a_clip_that_vanishes_or_cannot_be_read_is_that_not_corrupt_media(tmp_path: Path) -> None:
+    """After its checks: a local file deleted is 404 (PyAV's error is an OSError too); a store's
+    read failing with not found / permission denied is 404 / 403, other OSErrors 503."""
+    from mmenc_cli.media.stores import StoreFile
+
+    err = error_of(decode_audio, str(tmp_path / "gone.wav"), 16000, None)
+    assert (err.code, err.reason, err.stage) == (404, "media.not_found", "load")
+
+    class Failing:
+        def __init__(self, exc: Exception) -> None:
+            self.exc = exc
+
+        def open(self, path: str, mode: str) -> Any:
+            raise self.exc
+
+    for exc, code in [(FileNotFoundError("gone"), 404), (PermissionError("no"), 403), (OSError("reset"), 503),
+                      (RuntimeError("client"), 503)]:
+        err = error_of(decode_audio, StoreFile(Failing(exc), "x.wav", "s3://b/x.wav"), 16000, None)
+        assert (err.code, err.stage) == (code, "load"), (exc, err)
+    wav = mf.make_audio(tmp_path / "w.wav", "wav")
+    wav.write_bytes(b"\0" * wav.stat().st_size)  # there and readable, but not media: still the media's fault
+    assert error_of(decode_audio, str(wav), 16000, None).code == 400

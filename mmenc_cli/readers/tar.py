@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import posixpath
-import tarfile
-import zlib
-from typing import IO, Any, Iterator
+from typing import Any, Iterator
 
 from ..errors import MMError
 from . import files
-from .lines import Raw, row_too_large
+from .lines import Raw
+from .tarstream import Cut, Damage, Member, TarStream, open_tar_stream
 
 #: suffixes whose members are text (decoded as UTF-8) or JSON
 TEXT_SUFFIXES = ("txt", "text", "caption", "cls", "id")
@@ -49,105 +48,263 @@ class _Sample:
         self.key, self.offset, self.index = key, offset, index
         self.record: dict[str, Any] = {"__key__": key}
         self.error: MMError | None = None
+        self.names: dict[str, str] = {}  # suffix -> the member that gave it
 
-    def add(self, suffix: str, data: bytes) -> None:
-        if suffix == "json":
-            value = json.loads(data)
-            if isinstance(value, dict):
-                self.record = {**value, **self.record}
-        elif suffix in TEXT_SUFFIXES:
-            self.record[suffix] = data.decode("utf-8").strip()
-        else:
-            self.record[suffix] = data
+    def add(self, name: str, suffix: str, data: bytes) -> None:
+        """Take one member's data under its suffix (json fields join the record)."""
+        if suffix in self.names:
+            self.error = _bad(f"sample {self.key} has two {suffix} members ({self.names[suffix]}, {name}): "
+                              "one of them would be dropped")
+            return
+        self.names[suffix] = name
+        try:
+            if suffix == "json":
+                value = json.loads(data)
+                if isinstance(value, dict):
+                    self.record = {**value, **self.record}
+            elif suffix in TEXT_SUFFIXES:
+                self.record[suffix] = data.decode("utf-8").strip()
+            else:
+                self.record[suffix] = data
+        except (ValueError, UnicodeDecodeError) as exc:  # a txt that is not UTF-8, a json that is not JSON
+            self.error = _bad(f"member {name} of sample {self.key} cannot be read: {type(exc).__name__}: {exc}")
+
+    def fail(self, error: MMError) -> None:
+        """Mark the whole sample failed (its later members are read past); the first error stays."""
+        if self.error is None:
+            self.error = error
 
     def raw(self) -> Raw:
-        return self.index, self.offset, (None if self.error else self.record), self.error
+        """The sample as a record; a failed one keeps its key (and json fields) for its error row."""
+        return self.index, self.offset, self.record, self.error
+
+
+def _bad_shard(message: str) -> MMError:
+    return _bad(message, "manifest.bad_shard")
+
+
+class _Shard:
+    """One shard's members gathered into samples, with every damaged span accounted for: a span
+    inside a sample fails that sample, a span between samples is a row of its own, and a cut loses
+    the sample being read with the rest of the shard (one row)."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        self.path, self.limit = path, limit
+        self.current: _Sample | None = None
+        self.ended: set[str] = set()  # keys of the samples already complete
+        self.pending: Damage | None = None  # a damaged span not yet tied to a sample
+        self.members = 0
+        self.links = _Targets(path)
+
+    def samples(self, fh: Any) -> Iterator[Raw]:
+        """Every sample of the shard behind `fh`, and the rows of its damage."""
+        try:
+            stream = TarStream(open_tar_stream(fh))
+            for event in stream:
+                if isinstance(event, Damage):
+                    if event.end is None:
+                        yield from self._lost(event)
+                        return
+                    yield from self._flush_pending()
+                    self.pending = event
+                    continue
+                self.members += 1
+                yield from self._member(event, stream)
+        except Cut as cut:  # a member's data ends early: its sample is lost with the rest
+            yield from self._lost(Damage(cut.at, None, cut.cause))
+            return
+        finally:
+            self.links.close()
+        yield from self._flush_pending()
+        if self.current is not None:
+            yield self.current.raw()
+        elif self.members == 0:
+            yield 0, 0, None, _bad_shard(f"{self.path} holds no samples (an empty tar)")
+
+    def _member(self, member: Member, stream: TarStream) -> Iterator[Raw]:
+        if member.kind == "dir":
+            return
+        parts = split_name(member.name)
+        if parts is None:
+            yield member.index, member.offset, None, _bad(f"{self.path}: member {member.name} has no suffix")
+            return
+        key, suffix = parts
+        yield from self._place(key, member)
+        sample = self.current
+        assert sample is not None
+        if member.kind == "file":
+            self.links.add(member)
+        if sample.error is not None:
+            return
+        data = self._data(member, stream, sample)
+        if data is not None:
+            sample.add(member.name, suffix, data)
+
+    def _place(self, key: str, member: Member) -> Iterator[Raw]:
+        """Start a new sample at `member` unless it continues the current one, settling a damaged
+        span just before it first."""
+        damage, self.pending = self.pending, None
+        rows, fail_next = self._settle(damage, key) if damage is not None else ([], False)
+        current = self.current
+        if current is None or key != current.key:
+            if current is not None:
+                self.ended.add(current.key)
+                yield current.raw()
+            self.current = self._start(member, key)
+            if fail_next:
+                assert damage is not None
+                self.current.fail(self._damaged_sample(damage, key))
+        yield from rows
+
+    def _settle(self, damage: Damage, key: str | None) -> tuple[list[Raw], bool]:
+        """Tie a damaged span to the samples it hit: when every damaged header in it still names
+        one of its neighbours, those; otherwise both the sample before it (it may have lost its
+        last members) and the one after it (`key`, None when no member follows: its first).
+        Named samples that are neither neighbour get a row of their own. Returns those rows and
+        whether the sample after the span failed."""
+        current = self.current
+        new = key is not None and (current is None or key != current.key)
+        parts = [split_name(n) for n in damage.names]
+        named = list(dict.fromkeys(p[0] for p in parts if p is not None))
+        exact = damage.exact and None not in parts  # every damaged header names a sample
+        before = current if current is not None and not damage.after_end else None
+        others = [k for k in named if k != key and (before is None or k != before.key)]
+        exact = exact and not others  # a name that is neither neighbour's may be a neighbour's, garbled
+        hit_before = before is not None and (not new and key is not None or not exact or before.key in named)
+        if hit_before:
+            assert before is not None
+            before.fail(self._damaged_sample(damage, before.key))
+        hit_next = new and (not exact or key in named)
+        rows = [self._span(damage, k) for k in others]
+        if not (rows or hit_before or hit_next):
+            rows.append(self._span(damage, None))
+        return rows, hit_next
+
+    def _start(self, member: Member, key: str) -> _Sample:
+        """A new sample; one whose key ended earlier is an orphan, one error row for all its members."""
+        sample = _Sample(key, member.offset, member.index)
+        if key in self.ended:
+            sample.fail(_bad(f"{self.path}: member {member.name} belongs to sample {key}, which ended earlier: "
+                             "the members of a sample must be consecutive"))
+        return sample
+
+    def _data(self, member: Member, stream: TarStream, sample: _Sample) -> bytes | None:
+        """A member's bytes (a link's: its target's), or None with the sample failed."""
+        if member.kind == "other":
+            sample.fail(_bad(f"member {member.name} of sample {sample.key} is {member.what}, not a file"))
+            return None
+        target = member if member.kind == "file" else self.links.resolve(member)
+        if isinstance(target, str):
+            sample.fail(_bad(f"member {member.name} of sample {sample.key} is a {member.kind} {target}"))
+            return None
+        if target.size > self.limit:
+            sample.fail(MMError(f"member {member.name} of sample {sample.key} is {target.size} bytes, over "
+                                f"--max-row-bytes {self.limit}; it was read past, not loaded", stage="read",
+                                reason="manifest.row_too_large"))
+            return None
+        return stream.read(member) if target is member else self.links.read(target)
+
+    def _damaged_sample(self, damage: Damage, key: str) -> MMError:
+        return _bad_shard(f"{self.path}: sample {key} is incomplete: {damage.cause}{_named(damage)}")
+
+    def _span(self, damage: Damage, key: str | None) -> Raw:
+        """A row for a damaged span itself, naming the sample its headers name (when they do)."""
+        record = {"__key__": key} if key is not None else None
+        lost = f"sample {key} is lost" if key is not None else "the members there are lost"
+        return None, damage.start, record, _bad_shard(f"{self.path}: {damage.cause}{_named(damage)}; {lost}")
+
+    def _flush_pending(self) -> Iterator[Raw]:
+        if self.pending is not None:
+            damage, self.pending = self.pending, None
+            yield from self._settle(damage, None)[0]
+
+    def _lost(self, damage: Damage) -> Iterator[Raw]:
+        """The end of what can be read: the sample being read (unless an end-of-archive marker
+        closed it) is lost with the rest of the shard, one row."""
+        yield from self._flush_pending()
+        current, self.current = self.current, None
+        if current is not None and damage.after_end:
+            yield current.raw()
+            current = None
+        start = current.offset if current is not None else damage.start
+        index = current.index if current is not None else (None if damage.after_end else self.members + 1)
+        record = {"__key__": current.key} if current is not None else None
+        yield index, start, record, _bad_shard(f"{self.path} is truncated or corrupt from byte {start} on "
+                                               f"({damage.cause}): the samples from there to the end of the "
+                                               "shard are lost")
+
+
+def _named(damage: Damage) -> str:
+    return f" (its damaged headers name {', '.join(damage.names)})" if damage.names else ""
+
+
+class _Targets:
+    """The file members read so far, by name (offset and size only: their bytes are read again
+    by offset when a later link names them, through a second handle)."""
+
+    _DEPTH = 16
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.files: dict[str, Member] = {}
+        self.links: dict[str, str] = {}  # symlink and hard-link names -> their target's name
+        self._raw: Any = None
+        self._fh: Any = None
+
+    def add(self, member: Member) -> None:
+        self.files[posixpath.normpath(member.name)] = member
+
+    def resolve(self, link: Member) -> Member | str:
+        """The file member a link leads to, or what is wrong with it (a phrase)."""
+        name = posixpath.normpath(link.name)
+        target = _link_target(link)
+        if target is None:
+            return f"to {link.link}, outside the shard"
+        self.links[name] = target
+        for _ in range(self._DEPTH):
+            if target in self.files:
+                self.files.setdefault(name, self.files[target])
+                return self.files[target]
+            if target not in self.links:
+                return f"to {link.link}, which is not a file earlier in the shard"
+            target = self.links[target]
+        return f"to {link.link}, a chain of links too long (a loop?)"
+
+    def read(self, target: Member) -> bytes:
+        if self._fh is None:
+            self._raw = files.open_binary(self.path)
+            self._fh = open_tar_stream(self._raw)
+        self._fh.seek(target.data)
+        data = self._fh.read(target.size)
+        if len(data) < target.size:
+            raise Cut(target.offset, f"member {target.name} is cut when read again")
+        return data
+
+    def close(self) -> None:
+        for fh in (self._fh, self._raw):
+            if fh is not None:
+                fh.close()
+
+
+def _link_target(link: Member) -> str | None:
+    """The normalized name a link points to inside the shard (None: outside it)."""
+    if link.kind == "hardlink":
+        return posixpath.normpath(link.link)
+    if link.link.startswith("/"):
+        return None
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(link.name), link.link))
+    return None if target.startswith("../") or target == ".." else target
 
 
 def tar_records(path: str, limit: int) -> Iterator[Raw]:
     """Every sample of the shard at `path`, then (at worst) one error row for a damaged tail."""
     with files.open_binary(path) as fh:
-        yield from _samples(fh, path, limit)
-
-
-_DAMAGE = (tarfile.TarError, EOFError, OSError, zlib.error)
-
-
-def _samples(fh: IO[bytes], path: str, limit: int) -> Iterator[Raw]:
-    current: _Sample | None = None
-    ended: set[str] = set()
-    index = 0
-    try:
-        tf = tarfile.open(fileobj=fh, mode="r|*")
-    except _DAMAGE as exc:
-        yield _damaged(path, 0, 0, exc)
-        return
-    with tf:
-        members = iter(tf)
-        while True:
-            try:
-                member = next(members, None)
-            except _DAMAGE as exc:  # the sample being read may lack members: lost with the rest
-                yield _damaged(path, *((current.index, current.offset) if current else (index + 1, tf.offset)), exc)
-                return
-            if member is None:
-                break
-            index += 1
-            if not member.isfile():
-                continue
-            parts = split_name(member.name)
-            if parts is None:
-                yield index, member.offset, None, _bad(f"{path}: member {member.name} has no suffix")
-                continue
-            if current is None or parts[0] != current.key:
-                if current is not None:
-                    ended.add(current.key)
-                    yield current.raw()
-                current = _start(path, member, index, parts[0], ended)
-            try:
-                _add_member(current, tf, member, parts[1], limit)
-            except _DAMAGE as exc:  # its data cut short: the sample is lost with the rest
-                yield _damaged(path, current.index, current.offset, exc)
-                return
-    if current is not None:
-        yield current.raw()
-    elif index == 0:
-        yield 0, 0, None, _bad(f"{path} holds no samples (an empty tar)", "manifest.bad_shard")
-
-
-def _start(path: str, member: tarfile.TarInfo, index: int, key: str, ended: set[str]) -> _Sample:
-    """A new sample; one whose key ended earlier is an orphan, one error row for all its members."""
-    sample = _Sample(key, member.offset, index)
-    if key in ended:
-        sample.error = _bad(f"{path}: member {member.name} belongs to sample {key}, which ended earlier: the "
-                            "members of a sample must be consecutive")
-    return sample
-
-
-def _damaged(path: str, index: int, start: int, exc: BaseException) -> Raw:
-    return index, start, None, _bad(f"{path} is truncated or corrupt from byte {start} on ({exc}): the samples "
-                                    "from there to the end of the shard are lost", "manifest.bad_shard")
-
-
-def _add_member(sample: _Sample, tf: tarfile.TarFile, member: tarfile.TarInfo, suffix: str, limit: int) -> None:
-    """Read one member into its sample (or mark the sample too large or unreadable)."""
-    if sample.error is not None:
-        return
-    if member.size > limit:
-        sample.error = row_too_large(member.size, limit)
-        return
-    handle = tf.extractfile(member)
-    data = handle.read() if handle is not None else b""
-    try:
-        sample.add(suffix, data)
-    except (ValueError, UnicodeDecodeError) as exc:  # a txt that is not UTF-8, a json that is not JSON
-        sample.error = _bad(f"member {member.name} cannot be read: {type(exc).__name__}: {exc}")
+        yield from _Shard(path, limit).samples(fh)
 
 
 def read_sample(path: str, offset: int, limit: int) -> tuple[dict[str, Any] | None, MMError | None]:
     """The sample whose first member starts at `offset` (for `mmenc errors retry`)."""
-    with files.open_binary(path) as fh:
-        for _index, start, record, error in _samples(fh, path, limit):
-            if start == offset:
-                return record, error
+    for _index, start, record, error in tar_records(path, limit):
+        if start == offset:
+            return record, error
     return None, _bad(f"{path} has no sample at byte {offset}: has the shard changed since the run?")

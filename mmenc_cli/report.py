@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .errors import MMError, OutputError, printable, trim_message
+from .config import DEFAULT_MAX_ROW_BYTES
+from .errors import ManifestError, MMError, OutputError, printable, trim_message
 from .idset import HashSet64, id_hash
 from .outdir import OutDir, iter_shard_keys
 from .readers import read_raw_row, source_format
+from .records import MODALITIES
 
 
 @dataclass(slots=True)
@@ -217,7 +219,15 @@ def latest_errors(out: str | Path, damaged: list[str] | None = None) -> list[dic
     for _shard, ids, mods in iter_shard_keys(od, damaged=[] if damaged is None else damaged):
         for i, m in zip(ids, mods):
             done.add(id_hash(i, m))
-    return [r for k, r in latest.items() if not (k[0] == "item" and id_hash(r.get("id"), r.get("modality")) in done)]
+            done.add(id_hash(i))
+    return [r for k, r in latest.items() if not _resolved(k, r, done)]
+
+
+def _resolved(key: tuple[Any, ...], row: dict[str, Any], done: HashSet64) -> bool:
+    """An item encoded since it failed; or a sample over --max-row-bytes encoded since (from `retry`)."""
+    if key[0] == "item":
+        return id_hash(row.get("id"), row.get("modality")) in done
+    return row.get("reason") == "manifest.row_too_large" and row.get("id") is not None and id_hash(row["id"]) in done
 
 
 def filter_errors(rows: Iterable[dict[str, Any]], code: list[int] | None = None, reason: list[str] | None = None,
@@ -261,6 +271,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 #: input formats whose rows `retry` rewrites as JSONL rows (the others keep their own fields)
 _REWRITTEN = frozenset({"tar", "folder", "i2d-files", "i2d-parquet"})
+_UNLIMITED = 1 << 62
+
+
+def retryable_whole(row: dict[str, Any]) -> bool:
+    """A row that is not an item's but that `retry` rebuilds anyway: a tar or folder sample over
+    --max-row-bytes (its media are written inline; encode the retry with a larger --max-row-bytes)."""
+    if row.get("modality") is not None or row.get("reason") != "manifest.row_too_large" or row.get("id") is None:
+        return False
+    try:
+        return source_format(str(row.get("manifest"))) in _REWRITTEN
+    except ManifestError:  # the input is gone: nothing to rebuild
+        return False
 
 
 def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -279,13 +301,15 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
                          video_key=given.get("video_key"), keep=tuple(given.get("keep") or ()))
     by_row: dict[tuple[str, int], tuple[set[str], Any]] = {}
     for r in rows:
-        if r.get("modality") is None or r.get("manifest") in (None, "") or r.get("offset") is None:
+        if r.get("manifest") in (None, "") or r.get("offset") is None or not (r.get("modality") or retryable_whole(r)):
             continue
-        by_row.setdefault((r["manifest"], int(r["offset"])), (set(), r.get("id")))[0].add(r["modality"])
+        wanted = {r["modality"]} if r.get("modality") else set(MODALITIES)
+        by_row.setdefault((r["manifest"], int(r["offset"])), (set(), r.get("id")))[0].update(wanted)
     for (manifest, offset), (modalities, row_id) in sorted(by_row.items()):
         fmt = source_format(manifest)
         keys = keys_for(fmt, cfg)
-        raw = dict(read_raw_row(manifest, offset, id=row_id))
+        whole = modalities == set(MODALITIES)  # a sample over --max-row-bytes: read it whatever its size
+        raw = dict(read_raw_row(manifest, offset, id=row_id, limit=_UNLIMITED if whole else DEFAULT_MAX_ROW_BYTES))
         found = {m: next((k for k in cands if raw.get(k) is not None), cands[0]) for m, cands in keys.media}
         base = manifest if fmt in ("folder", "i2d-files") else os.path.dirname(os.path.abspath(manifest))
         if fmt in _REWRITTEN:

@@ -67,10 +67,11 @@ def retry(out: OutArg, output: Annotated[Path, typer.Option("--output", "-o", he
 
     Then `mmenc encode RETRY.jsonl --out OUT` (same options) encodes what now succeeds into OUT.
     """
-    from ..report import json_line, retry_rows
+    from ..report import json_line, retry_rows, retryable_whole
 
     rows = _rows(out, code, reason, stage, modality, grep)
-    skipped = sum(1 for r in rows if r.get("modality") is None)
+    whole = sum(1 for r in rows if retryable_whole(r))
+    skipped = sum(1 for r in rows if r.get("modality") is None) - whole
     n = 0
     with fatal_errors():
         tmp = output.with_name(f".{output.name}.tmp")
@@ -80,4 +81,6 @@ def retry(out: OutArg, output: Annotated[Path, typer.Option("--output", "-o", he
                 n += 1
         tmp.replace(output)
     echo_err(f"mmenc: wrote {n} rows to {output}"
-             + (f"; {skipped} invalid rows cannot be retried (fix the input)" if skipped else ""))
+             + (f"; {skipped} invalid rows cannot be retried (fix the input)" if skipped else "")
+             + (f"; {whole} samples over --max-row-bytes are written whole: encode them with a larger "
+                "--max-row-bytes" if whole else ""))

@@ -4,15 +4,21 @@ whole row or is named by an error row; nothing vanishes, nothing comes back part
 from __future__ import annotations
 
 import gzip
+import json
 import io
 import os
+import random
 import subprocess
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
+from typer.testing import CliRunner
 
+from mmenc_cli.cli import app
 from mmenc_cli.config import ManifestConfig
 from mmenc_cli.readers import iter_rows, read_raw_row
 from mmenc_cli.records import InvalidRow, ManifestRow
@@ -205,8 +211,6 @@ def test_a_damaged_shard_in_a_run_reports_each_lost_sample_once(tmp_path: Path) 
 def test_random_damage_to_headers_loses_no_sample_silently(tmp_path: Path) -> None:
     """Seeded damage of every kind at once: flipped bytes in one or several headers, blanked or
     overwritten header blocks, then maybe a cut."""
-    import random
-
     keys = [f"k{i}" for i in range(6)]
     data = shard_bytes(tmp_path, keys)
     clean = {r.id: r for r in read(tmp_path / "clean.tar")}
@@ -224,3 +228,30 @@ def test_random_damage_to_headers_loses_no_sample_silently(tmp_path: Path) -> No
         path = tmp_path / "fuzz.tar"
         path.write_bytes(bytes(broken))
         check_accounted(read(path), clean)
+
+
+def test_a_sample_over_the_row_limit_is_retried_whole(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mmenc_cli.cli import app
+
+    noisy = io.BytesIO()
+    Image.frombytes("RGB", (32, 32), random.Random(1).randbytes(32 * 32 * 3)).save(noisy, "PNG")
+    assert len(noisy.getvalue()) > 400
+    shard = write_tar(tmp_path / "00000.tar", sample("small", 1) + [("big.jpg", noisy.getvalue()),
+                                                                  ("big.txt", b"a big one")])
+    out, retry = tmp_path / "out", tmp_path / "retry.jsonl"
+    cfg = make_cfg([shard], out)
+    cfg = replace(cfg, manifest=replace(cfg.manifest, max_row_bytes=400))
+    run_encode(cfg, encoder_factory=factory(FakeEncoder()))
+    [row] = error_rows(out)
+    assert (row["id"], row["code"], row["modality"]) == ("big", 413, None) and "big.jpg" in row["message"]
+    runner = CliRunner()
+    done = runner.invoke(app, ["errors", "retry", str(out), "-o", str(retry)], catch_exceptions=False)
+    assert done.exit_code == 0 and "larger --max-row-bytes" in done.output
+    [again] = [json.loads(line) for line in retry.read_text().splitlines()]
+    assert again["id"] == "big" and again["text"] == "a big one" and again["image"].startswith("data:image/png")
+    run_encode(make_cfg([retry], out), encoder_factory=factory(FakeEncoder()))
+    assert {("big", "image"), ("big", "text")} <= set(embeddings(out))
+    summary = runner.invoke(app, ["errors", "summary", str(out), "--json"], catch_exceptions=False)
+    assert json.loads(summary.stdout)["errors"] == 0

@@ -38,6 +38,7 @@ META = "_mmenc"
 SHARD_EXTS = (".parquet", ".safetensors")
 # widths are minimums: a task index past 99999 or a millionth shard only makes the name longer
 _SHARD_RE = re.compile(r"^part-t(\d{5,})-w(\d{2,})-(\d{6,})\.(parquet|safetensors)$")
+_LOG_RE = re.compile(r"^shards-t(\d{5,})-w(\d{2,})\.jsonl$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,12 @@ def parse_shard_name(name: str) -> ShardName | None:
     if not m:
         return None
     return ShardName(int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4))
+
+
+def parse_log_name(name: str) -> tuple[int, int] | None:
+    """(task, worker) of a shard log's file name; None for anything else."""
+    m = _LOG_RE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def fsync_dir(path: Path) -> None:

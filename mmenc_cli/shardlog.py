@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .outdir import OutDir, metadata_fault, parse_shard_name
+from .outdir import OutDir, metadata_fault, parse_log_name, parse_shard_name
 
 log = logging.getLogger("mmenc")
 
@@ -54,10 +54,10 @@ def read_logs(out: OutDir, damaged: list[str] | None = None) -> dict[tuple[int, 
     """(task, worker) -> {shard name: entry} of every log; unreadable lines named in `damaged`."""
     logs: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for path in out.shard_log_paths():
-        try:
-            task, worker = int(path.stem[8:13]), int(path.stem[15:])
-        except ValueError:
+        parsed = parse_log_name(path.name)
+        if parsed is None:
             continue
+        task, worker = parsed
         entries = logs.setdefault((task, worker), {})
         for number, raw in enumerate(path.read_bytes().splitlines(), 1):
             try:
@@ -87,8 +87,9 @@ def reconcile(out: OutDir, task: int) -> list[str]:
     gone: list[str] = []
     for worker in sorted(set(logs) | set(present)):
         entries, on_disk = logs.get(worker, {}), present.get(worker, [])
-        gone += [name for name in entries if name not in {p.name for p in on_disk}]
-        if set(entries) != {p.name for p in on_disk}:
+        names = {p.name for p in on_disk}
+        gone += [name for name in entries if name not in names]
+        if entries.keys() != names:
             _rewrite(out, task, worker, [entries.get(p.name) or _entry(out, p) for p in on_disk])
     for name in gone:
         log.warning("shard %s was committed but is missing from %s: its items are encoded again", name, out.root)

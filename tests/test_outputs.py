@@ -133,3 +133,15 @@ def test_a_millionth_shard_is_listed_in_order_and_numbered_after(tmp_path: Path)
         (tmp_path / shard_name(0, 0, seq, "parquet")).write_bytes(b"")
     assert [parse_shard_name(p.name).seq for p in od.shards()] == [2, 999_999, 1_000_000]
     assert od.next_seq(0, 0) == 1_000_001
+
+
+def test_shard_logs_of_task_indexes_past_99999_are_read(tmp_path: Path) -> None:
+    from mmenc_cli.shardlog import missing_shards, read_logs
+
+    od = OutDir(tmp_path / "out")
+    od.prepare()
+    for task in (7, 123456):
+        name = shard_name(task, 0, 0, "parquet")
+        od.shard_log_path(task, 0).write_text(json.dumps({"name": name, "rows": 1, "bytes": 1}) + "\n")
+    assert sorted(read_logs(od)) == [(7, 0), (123456, 0)]
+    assert missing_shards(od) == [shard_name(7, 0, 0, "parquet"), shard_name(123456, 0, 0, "parquet")]

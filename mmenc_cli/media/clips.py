@@ -44,29 +44,78 @@ def decode_error(message: str, reason: str = "media.unreadable", exc: BaseExcept
 def open_media(source: str | bytes | StoreFile | HttpClip) -> Iterator[Any]:
     """An open PyAV input container for a local path, an object-store file or URL (read in
     ranges) or in-memory bytes; every failure inside the block (opening, demuxing, decoding) becomes its
-    MMError: FFmpeg's as the media's fault, the store's (a read that fails) as unavailable."""
+    MMError: FFmpeg's as the media's fault, the store's (a read that fails) as unavailable. A read
+    that failed is the item's error even where FFmpeg took it for the file's end."""
     import av
 
     with contextlib.ExitStack() as stack:
+        kept: GuardedFile | None = None
         try:
             if isinstance(source, (StoreFile, HttpClip)):
-                fh: Any = stack.enter_context(source.open())
+                kept = GuardedFile(stack.enter_context(source.open()))
+                fh: Any = kept
             else:
                 fh = source if isinstance(source, str) else io.BytesIO(source)
             container = stack.enter_context(av.open(fh, mode="r", metadata_errors="ignore"))
             yield container
-        except MMError:
-            raise
+            if kept is not None and kept.failed is not None:
+                raise kept.failed
         except Exception as exc:
-            if isinstance(source, StoreFile) and not isinstance(exc, (av.error.FFmpegError, MemoryError)):
+            failed = kept.failed if kept is not None and kept.failed is not None else exc
+            if isinstance(failed, MMError):
+                if failed is exc:
+                    raise
+                raise failed from exc
+            if isinstance(source, StoreFile) and not isinstance(failed, (av.error.FFmpegError, MemoryError)):
                 # not FFmpeg's: the store failed a read (OSError, or its client library's own error)
-                if isinstance(exc, OSError):
-                    raise store_error(exc, source.shown) from exc
-                raise MMError(trim_message(f"cannot read {source.shown}: {exc}"), stage="load",
-                              reason="remote.unavailable", error=type(exc).__name__) from exc
+                if isinstance(failed, OSError):
+                    raise store_error(failed, source.shown) from failed
+                raise MMError(trim_message(f"cannot read {source.shown}: {failed}"), stage="load",
+                              reason="remote.unavailable", error=type(failed).__name__) from failed
             # PyAV's errors are OSErrors too: a local file gone or unreadable is that, not corrupt media
-            found = file_error(exc) if isinstance(source, str) and isinstance(exc, OSError) else None
-            raise (found or _av_error(exc)) from exc
+            found = file_error(failed) if isinstance(source, str) and isinstance(failed, OSError) else None
+            raise (found or _av_error(failed)) from failed
+
+
+class GuardedFile(io.RawIOBase):
+    """A Python file handed to FFmpeg (an object-store file, a URL read in ranges) whose failures
+    never reach PyAV: the first is kept (`failed`, raised by `open_media`) and the file then reads
+    as ended, so FFmpeg stops. PyAV stashes an exception raised in its read callback until its
+    next call, and FFmpeg reads again before that: every exception stashed over another is
+    printed on stderr with its traceback ("PyAV library exception being dropped"), and one left
+    stashed would be raised by the next clip's first call."""
+
+    def __init__(self, fh: Any) -> None:
+        super().__init__()
+        self.fh = fh
+        self.failed: Exception | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return bool(self.fh.seekable())
+
+    def tell(self) -> int:
+        return int(self.fh.tell())
+
+    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
+        if self.failed is not None:
+            return b""
+        try:
+            return bytes(self.fh.read(size))
+        except Exception as exc:  # kept for open_media; FFmpeg sees the end of the file
+            self.failed = exc
+            return b""
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self.failed is not None:
+            return -1  # FFmpeg's seek fails (EPERM): nothing more is read
+        try:
+            return int(self.fh.seek(offset, whence))
+        except Exception as exc:
+            self.failed = exc
+            return -1
 
 
 def pick_stream(container: Any, kind: str) -> Any:

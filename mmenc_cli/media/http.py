@@ -2,10 +2,13 @@
 
 Each attempt ends after about `--fetch-timeout`, the whole exchange included: a watchdog shuts
 the attempt's sockets down at its deadline, so a server that trickles its status line, headers or
-body a byte at a time cannot hold it longer (the socket timeout alone resets at every byte). 408, 429,
-5xx, refused connections, DNS failures and resets are retried `--fetch-retries` times with
-exponential back-off and jitter, honouring a server's Retry-After up to `RETRY_AFTER_MAX_S`.
-Redirects are followed only to http(s). The final status maps to one `MMError` (`_http_error`).
+body a byte at a time cannot hold it longer (the socket timeout alone resets at every byte); an
+attempt it ended is a timeout (504 `remote.timeout`), whatever the cut exchange looked like. 408,
+429, 5xx, refused connections, DNS failures and resets are retried `--fetch-retries` times with
+exponential back-off and jitter, honouring a server's Retry-After up to `RETRY_AFTER_MAX_S`. An
+answer shorter than its Content-Length is retried too, then is 400 (`media.unreadable`: "got N
+of M bytes"). Redirects are followed only to http(s). The final status maps to one `MMError`
+(`_http_error`).
 """
 
 from __future__ import annotations
@@ -211,14 +214,23 @@ def _fetch_once(url: str, cfg: MediaConfig,
     the rest."""
     dog = _Watchdog(cfg.fetch_timeout)
     try:
-        return _exchange(url, cfg, dog, byte_range)
-    except (urllib.error.URLError, OSError, http.client.HTTPException, Transient) as exc:
-        if not dog.fired:  # else the watchdog cut the exchange short, whatever it looked like
+        answer = _exchange(url, cfg, dog, byte_range)
+    except (urllib.error.URLError, OSError, http.client.HTTPException, Transient, MMError) as exc:
+        if not dog.fired:
             raise
-        raise Transient(load_error(f"no complete answer from {describe_source(url)} within "
-                                   f"{cfg.fetch_timeout:g}s", "remote.timeout", exc)) from exc
+        raise _timed_out(url, cfg, exc) from exc
     finally:
         dog.cancel()
+    if dog.fired:  # headers cut at the deadline end as if complete: the answer is not the server's
+        raise _timed_out(url, cfg, None)
+    return answer
+
+
+def _timed_out(url: str, cfg: MediaConfig, exc: BaseException | None) -> Transient:
+    """An attempt the watchdog ended, whatever the exchange looked like after its sockets closed
+    (headers cut short parse as complete ones, a body cut short as an empty one)."""
+    return Transient(load_error(f"no complete answer from {describe_source(url)} within "
+                                f"{cfg.fetch_timeout:g}s", "remote.timeout", exc))
 
 
 def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog,
@@ -233,6 +245,8 @@ def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog,
         request = urllib.request.Request(_to_uri(url), headers=headers)
         opener = urllib.request.build_opener(_RedirectHandler, _WatchedHTTP(dog), _WatchedHTTPS(dog))
         with opener.open(request, timeout=cfg.fetch_timeout) as resp:
+            if time.monotonic() > deadline:  # the status line and headers took the whole attempt
+                raise TimeoutError(f"headers not received within {cfg.fetch_timeout:g}s")
             if byte_range is not None and resp.status == 206:  # else (200) the whole body follows
                 first, total = _content_range(resp.headers.get("Content-Range", ""))
                 if first != byte_range[0]:
@@ -262,9 +276,9 @@ def _exchange(url: str, cfg: MediaConfig, dog: _Watchdog,
         raise _network_error(exc, shown, cfg) from exc
     except ValueError as exc:  # a URL that cannot be parsed or encoded
         raise load_error(f"invalid URL {shown}: {exc}", "media.invalid_source", exc) from exc
-    if expected is not None and len(data) < expected:
-        raise Transient(load_error(f"connection closed after {len(data)} of {expected} bytes "
-                                   f"from {shown}", "remote.unavailable"))
+    if expected is not None and len(data) < expected:  # retried; one that keeps doing it serves a truncated file
+        raise Transient(load_error(f"{shown} ended its answer early: got {len(data)} of {expected} bytes "
+                                   "(its Content-Length)", "media.unreadable"))
     return check_payload(data, cfg, shown), content_type, total, partial
 
 

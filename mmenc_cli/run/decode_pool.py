@@ -11,9 +11,12 @@ slow image (a URL at its timeout) never holds the images decoded after it.
 from __future__ import annotations
 
 import collections
+import functools
+import itertools
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -22,7 +25,16 @@ from typing import Any, Callable, Iterator, Sequence
 from ..config import MediaConfig, RunConfig
 from ..errors import MMError
 from ..encoders.base import VideoInput
-from .decode_worker import Decoded, Preprocessors, decode_chunk, decode_one, init_worker, item_deadline
+from .decode_worker import (
+    Decoded,
+    Preprocessors,
+    decode_chunk,
+    decode_one,
+    init_worker,
+    item_deadline,
+    make_board,
+    timed_out,
+)
 from .shm import SlotPool, shm_slots
 
 log = logging.getLogger("mmenc")
@@ -74,7 +86,10 @@ class DecodePool:
         self.media = media
         self.workers = workers
         self.max_in_flight = max(1, max_in_flight)
-        self._pending: collections.deque[tuple[Any, list, Any, Any, str]] = collections.deque()
+        self._pending: collections.deque[tuple[Any, list, Any, Any, str, int]] = collections.deque()
+        self._tokens = itertools.count(1)  # names a chunk on the workers' board
+        self._ended: dict[int, float] = {}  # when each chunk's future finished (a broken pool: when it broke)
+        self.board: str | None = None  # where workers record the item they are on (`decode_worker.timed_out`)
         self._finished: collections.deque[bool] = collections.deque()  # a chunk finished since the last look
         self._in_flight = 0
         self._ex: ProcessPoolExecutor | None = None
@@ -83,13 +98,14 @@ class DecodePool:
         self.slots: SlotPool | None = shm_slots(slots, image.max_pixel_bytes()) \
             if workers > 0 and image is not None else None
         if workers > 0:
+            self.board = make_board()
             start_forkserver(torch=image is not None and image.imports_torch())
             self._ex = self._executor()
 
     def _executor(self) -> ProcessPoolExecutor:
         slots = (self.slots.name, self.slots.slot_bytes) if self.slots is not None else None
         return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"), initializer=init_worker,
-                                   initargs=(self.preprocessors, self.media, os.getpid(), slots))
+                                   initargs=(self.preprocessors, self.media, os.getpid(), slots, self.board))
 
     @property
     def in_flight(self) -> int:
@@ -105,18 +121,19 @@ class DecodePool:
         """Queue a chunk of (source, base_dir) of one medium; `key` comes back with its results.
         `cpu_only`: decoded on the CPU whatever `--decode` says (images the device decoder refused)."""
         chunk = [(src, base, self._take(modality), cpu_only) for src, base in sources]
+        token = next(self._tokens)
         if self._ex is None:
             fut: Any = _Done([decode_one(s, b, self.preprocessors, self.media, c, modality) for s, b, _, c in chunk])
         else:
             try:
-                fut = self._ex.submit(decode_chunk, chunk, modality)
+                fut = self._ex.submit(decode_chunk, chunk, modality, token)
             except BrokenProcessPool:  # a worker died since the last collect: the pool is unusable
                 self._restart()
-                fut = self._ex.submit(decode_chunk, chunk, modality)
-        self._pending.append((key, chunk, fut, self._ex, modality))
+                fut = self._ex.submit(decode_chunk, chunk, modality, token)
+        self._pending.append((key, chunk, fut, self._ex, modality, token))
         self._in_flight += self._weight(chunk, modality)
-        if isinstance(fut, Future):
-            fut.add_done_callback(self._on_finished)  # runs on the executor's thread, or here if done
+        if isinstance(fut, Future):  # runs on the executor's thread, or here if done
+            fut.add_done_callback(functools.partial(self._on_finished, token))
         else:
             self._finished.append(True)
 
@@ -133,17 +150,20 @@ class DecodePool:
         """What a chunk counts against `max_in_flight`: its items, a video clip as its frames."""
         return len(chunk) * (self.preprocessors.frames if modality == "video" else 1)
 
-    def _on_finished(self, _fut: Any) -> None:
+    def _on_finished(self, token: int, _fut: Any) -> None:
+        self._ended[token] = time.monotonic()  # one key per chunk, set once: safe from another thread
         self._finished.append(True)  # deque.append: safe from another thread
 
     def _pop(self, index: int = 0) -> tuple[Any, list[Decoded] | None]:
         """The results of the `index`-th pending chunk (waiting for them); None when the run stops
         first (the chunk is then neither encoded nor an error: not attempted)."""
-        key, chunk, fut, ex, modality = self._pending[index]
+        key, chunk, fut, ex, modality, token = self._pending[index]
         del self._pending[index]
         self._in_flight -= self._weight(chunk, modality)
         if not self._wait(fut):
+            self._ended.pop(token, None)
             return key, None
+        ended = self._ended.pop(token, time.monotonic())
         try:
             return key, self._received(chunk, fut.result())
         except BrokenProcessPool:  # a worker died: every chunk of that pool failed, most of them innocent
@@ -151,7 +171,8 @@ class DecodePool:
                 self._restart()
             if self._stopping():  # SIGTERM to the whole group killed workers or the forkserver
                 return key, None
-            isolated = self._isolate(chunk, modality)
+            late = timed_out(self.board, token, ended) if self.board is not None else set()
+            isolated = self._isolate(chunk, modality, late)
             return key, None if isolated is None else self._received(chunk, isolated)
 
     def _received(self, chunk: list[tuple[Any, str, int | None, bool]], results: list[Decoded]) -> list[Decoded]:
@@ -202,10 +223,16 @@ class DecodePool:
         # wait briefly: the main thread's own signal handler runs during this wait
         return self.stop is not None and self.stop.wait(0.5)
 
-    def _isolate(self, chunk: list[Any], modality: str) -> list[Decoded] | None:
-        """Decode each item of a chunk alone in a fresh pool: only an item that kills a worker by itself fails."""
+    def _isolate(self, chunk: list[Any], modality: str, late: set[int]) -> list[Decoded] | None:
+        """Decode each item of a chunk alone in a fresh pool: only an item that kills a worker by itself
+        fails. An item that ran past its deadline in the chunk (`late`, by position) fails at once as
+        504: decoding it again would cost a second deadline for the same answer."""
         out = []
-        for item in chunk:
+        for position, item in enumerate(chunk):
+            if position in late:
+                deadline = item_deadline(self.media, item[0], item[1])
+                out.append(Decoded(None, self._death(deadline, deadline, None), (0.0, 0.0)))
+                continue
             dec = self._alone(item, modality)
             if dec is None:
                 return None
@@ -231,17 +258,17 @@ class DecodePool:
                 if self._stopping():
                     return None
                 seconds = time.monotonic() - t0
-                if attempt == 2 or seconds >= item_deadline(self.media):
-                    return Decoded(None, self._death(seconds, exc), (0.0, 0.0))
+                deadline = item_deadline(self.media, item[0], item[1])
+                if attempt == 2 or seconds >= deadline:
+                    return Decoded(None, self._death(seconds, deadline, exc), (0.0, 0.0))
         return None  # pragma: no cover - the loop returns
 
-    def _death(self, seconds: float, exc: BaseException) -> MMError:
+    def _death(self, seconds: float, deadline: float, exc: BaseException | None) -> MMError:
         """The error of an item that ended its worker: by passing its deadline, or by crashing it."""
-        deadline = item_deadline(self.media)
         if seconds >= deadline:
-            return MMError(f"loading and decoding this item did not finish within {deadline:g} s (the "
-                           "--decode-timeout and fetch limits); its worker was replaced", stage="decode",
-                           reason="media.timeout", error="TimeoutError")
+            limits = "--decode-timeout" if deadline == self.media.decode_timeout else "--decode-timeout and fetch limits"
+            return MMError(f"loading and decoding this item did not finish within {deadline:g} s (its {limits}); "
+                           "its worker was replaced", stage="decode", reason="media.timeout", error="TimeoutError")
         return MMError(f"decode worker died on this item: {exc}", stage="decode", reason="internal",
                        error=type(exc).__name__)
 
@@ -318,8 +345,12 @@ class DecodePool:
             for p in procs:
                 p.join(timeout=5)
         self._pending.clear()
+        self._ended.clear()
         self._in_flight = 0
         self._ex = None
+        if self.board is not None:
+            shutil.rmtree(self.board, ignore_errors=True)
+            self.board = None
         if self.slots is not None:
             self.slots.close()
             self.slots = None

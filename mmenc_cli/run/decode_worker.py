@@ -12,7 +12,9 @@ drives them is `decode_pool.py`.
 from __future__ import annotations
 
 import os
+import struct
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -22,7 +24,7 @@ import numpy as np
 from ..config import DEFAULT_FRAMES, MediaConfig
 from ..encoders.base import AudioInput, AudioPreprocessor, ImageInput, ImagePreprocessor, VideoInput
 from ..errors import MMError, classify
-from ..media import configure_pillow, load_clip, load_encoded, load_image
+from ..media import configure_pillow, load_clip, load_encoded, load_image, locate
 from ..media.audio import decode_audio
 from ..media.decode import decode_image, device_jpeg
 from ..media.sources import guard
@@ -56,7 +58,7 @@ class Decoded:
 
 
 def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
-                 slots: tuple[str, int] | None = None) -> None:
+                 slots: tuple[str, int] | None = None, board: str | None = None) -> None:
     import importlib
     import signal
     import threading
@@ -68,6 +70,12 @@ def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
     _STATE["media"] = media
     _STATE["slots"] = SlotWriter(*slots) if slots is not None else None
     _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
+    if board is not None:
+        try:
+            _STATE["board"] = os.open(os.path.join(board, str(os.getpid())), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                      0o600)
+        except OSError:  # the board gone (the pool closing): a timeout is then found by retrying the item alone
+            pass
     if preprocessors.image is not None and preprocessors.image.imports_torch():
         importlib.import_module("torch")  # preloaded by the forkserver where it could be
     if "torch" in sys.modules:  # fast resizing, a feature extractor or a video processor: one thread each
@@ -163,29 +171,38 @@ def _image(source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaC
     return load_image(source, base_dir, media, draft=draft)  # raises MMError with its own stage
 
 
-def item_deadline(media: MediaConfig) -> float:
-    """Seconds one item may take in a worker: every fetch attempt, the waits between them, and
-    --decode-timeout for reading, decoding and preprocessing. A worker past it ends itself."""
+def item_deadline(media: MediaConfig, source: Any, base_dir: str) -> float:
+    """Seconds one item may take in a worker: --decode-timeout for reading, decoding and
+    preprocessing, plus, for an item fetched over the network (http(s), an object store), every
+    fetch attempt and the waits between them. A local file or inline bytes fetch nothing, so
+    their budget is --decode-timeout alone. A worker past it ends itself."""
     from ..media.http import BACKOFF_CAP_S, RETRY_AFTER_MAX_S
 
+    if locate(source, base_dir)[0] in ("path", "inline"):
+        return media.decode_timeout
     waits = media.fetch_retries * max(BACKOFF_CAP_S, RETRY_AFTER_MAX_S)
     return media.fetch_timeout * (1 + media.fetch_retries) + waits + media.decode_timeout
 
 
-def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: str = "image") -> list[Decoded]:
+def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: str = "image",
+                 token: int = 0) -> list[Decoded]:
     """In a worker: each item under its deadline; an image's uint8 pixels into its shared-memory
     slot when it has one, a video clip's frames into theirs (a tuple of slots per clip). faulthandler's watchdog is a C thread, so it ends the process even when
-    a library call hangs holding the GIL; the pool then isolates the item."""
+    a library call hangs holding the GIL; the pool then isolates the item. With a `token`, the
+    worker's record on the board names the item it is on (`timed_out` reads it)."""
     import faulthandler
 
     pre, media, slots = _STATE["pre"], _STATE["media"], _STATE.get("slots")
     out = []
-    for src, base, slot, cpu_only in chunk:
-        faulthandler.dump_traceback_later(item_deadline(media), exit=True, file=_STATE["devnull"])
+    for position, (src, base, slot, cpu_only) in enumerate(chunk):
+        deadline = item_deadline(media, src, base)
+        _record(token, token, position, time.monotonic(), deadline)
+        faulthandler.dump_traceback_later(deadline, exit=True, file=_STATE["devnull"])
         try:
             dec = decode_one(src, base, pre, media, cpu_only, modality)
         finally:
             faulthandler.cancel_dump_traceback_later()
+            _record(token, 0, 0, 0.0, 0.0)
         if isinstance(slot, tuple) and slots is not None and isinstance(dec.value, VideoInput):
             dec.frames = tuple(_to_slot(slots, index, frame) for index, frame in zip(slot, dec.value.frames))
         elif slot is not None and slots is not None and isinstance(dec.value, ImageInput):
@@ -194,6 +211,43 @@ def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: 
                 dec.value.pixels = _IN_SLOT
         out.append(dec)
     return out
+
+
+#: a worker's record of the item it is on: the chunk's token, the item's index in the chunk, when
+#: it started (time.monotonic(): one clock for every process of the machine) and its deadline
+_RECORD = struct.Struct("<qqdd")
+
+
+def _record(token: int, *fields: Any) -> None:
+    """Overwrite this worker's record on the board (kept only for chunks with a token)."""
+    board = _STATE.get("board")
+    if board is not None and token:
+        os.pwrite(board, _RECORD.pack(*fields), 0)
+
+
+def make_board() -> str:
+    """A folder for the workers' records (one small file per worker process, in memory where
+    /dev/shm is); the pool removes it when it closes."""
+    where = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return tempfile.mkdtemp(prefix="mmenc-decode-", dir=where)
+
+
+def timed_out(board: str, token: int, ended: float) -> set[int]:
+    """The items of chunk `token` that ran past their deadline: the record of a worker that died on
+    the chunk names the item it was on, and one that had run its whole deadline by `ended` (when the
+    pool broke) was ended by its watchdog, not killed with the pool."""
+    found = set()
+    for name in os.listdir(board):
+        try:
+            with open(os.path.join(board, name), "rb") as fh:
+                raw = fh.read(_RECORD.size)
+        except OSError:  # a worker's file being created: it holds no record of this chunk
+            continue
+        if len(raw) == _RECORD.size:
+            chunk, index, started, deadline = _RECORD.unpack(raw)
+            if chunk == token and ended - started >= deadline:
+                found.add(index)
+    return found
 
 
 def _to_slot(slots: SlotWriter, index: int | None, frame: ImageInput) -> Slot | None:

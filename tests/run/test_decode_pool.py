@@ -23,7 +23,7 @@ from mmenc_cli.config import MediaConfig
 from mmenc_cli.encoders.base import ImageInput, ImagePreprocessor
 from mmenc_cli.errors import MMError
 from mmenc_cli.run.decode_pool import DecodePool
-from mmenc_cli.run.decode_worker import Decoded, decode_one
+from mmenc_cli.run.decode_worker import Decoded, decode_one, item_deadline
 
 MEDIA = MediaConfig()
 KILLER_SIZE = (13, 7)  # an image of this size makes `ExitingPreprocessor` kill its worker
@@ -65,6 +65,20 @@ class FailingPreprocessor(ArrayPreprocessor):
     def __call__(self, image: Image.Image) -> ImageInput:
         if image.size[0] > 30:
             raise ArithmeticError(f"cannot preprocess an image of width {image.size[0]}")
+        return super().__call__(image)
+
+
+@dataclass
+class HangingPreprocessor(ArrayPreprocessor):
+    """Hangs (as a stuck library call would) on images 31 pixels wide, noting each start in `log`."""
+
+    log: str = ""
+
+    def __call__(self, image: Image.Image) -> ImageInput:
+        if image.size[0] == 31:
+            with open(self.log, "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+            time.sleep(120)
         return super().__call__(image)
 
 
@@ -328,6 +342,42 @@ def test_worker_death_found_at_submit(tmp_path: Path, pools: list[DecodePool]) -
     pool.submit("g", [(good, base)])
     [(key, results)] = list(pool.drain())
     assert key == "g" and shapes(results) == [(5, 6, 3)]
+
+
+# -- an item past its deadline ----------------------------------------------------------------------
+
+def test_an_item_past_its_deadline_fails_once_and_its_chunk_mates_are_decoded(tmp_path: Path,
+                                                                              pools: list[DecodePool]) -> None:
+    base = str(tmp_path)
+    hang = png(tmp_path, "hang.png", (31, 5))
+    good = [png(tmp_path, f"g{i}.png", (4 + i, 3 + i), seed=i) for i in range(2)]
+    log = tmp_path / "hung.log"
+    media = MediaConfig(decode_timeout=1.0, fetch_timeout=5.0, fetch_retries=0)
+    pool = DecodePool(Preprocessors(image=HangingPreprocessor(log=str(log))), media, workers=1, max_in_flight=64)
+    pools.append(pool)
+    t0 = time.monotonic()
+    pool.submit("chunk", [(good[0], base), (hang, base), (good[1], base)])
+    [(key, results)] = list(pool.drain())
+    seconds = time.monotonic() - t0
+    assert key == "chunk" and shapes(results) == [(3, 4, 3), "media.timeout", (4, 5, 3)]
+    err = results[1].error
+    assert (err.code, err.stage) == (504, "decode") and "within 1 s" in err.message, err
+    assert len(log.read_text().splitlines()) == 1  # never started a second time on its own
+    assert seconds < 6  # one deadline of 1 s (a local file has no fetch budget), not two of 6 s
+
+    pool.submit("after", [(good[1], base)])  # the replaced worker keeps working
+    [(key, results)] = list(pool.drain())
+    assert key == "after" and shapes(results) == [(4, 5, 3)]
+
+
+def test_only_a_fetched_item_has_a_fetch_budget() -> None:
+    media = MediaConfig(decode_timeout=5.0, fetch_timeout=20.0, fetch_retries=2)
+    for local in ("a.png", "file:///x/a.png", "data:image/png;base64,AAAA", b"\x89PNG", ""):
+        assert item_deadline(media, local, "/data") == 5.0, local
+    fetched = item_deadline(media, "https://x.org/a.png", "/data")
+    assert fetched > 3 * 20.0 + 5.0  # three attempts, the waits between them, the decode
+    assert item_deadline(media, "s3://bucket/a.png", "") == fetched
+    assert item_deadline(media, "a.png", "s3://bucket/clips") == fetched  # relative to a manifest in a store
 
 
 # -- closing --------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ class ManifestRow:
     `image`, `audio` and `video` are what the manifest holds for each medium: a str (path,
     file://, http(s)://, data: URI) or bytes (Parquet inline bytes); relative paths are resolved
     against `base_dir` by the media stage. `keep` holds the fields named with --keep. `offset` is the byte offset of the row in a
-    JSONL/CSV manifest or the row index in a Parquet one; `line` is 1-based where known.
+    JSONL/CSV manifest or the row index in a Parquet one; `line` is 1-based where known. `key` names
+    the row in an input whose order can change (a folder's sample: its relative path); `locator`
+    is what identifies the row in its input from one run to the next.
     """
 
     id: str
@@ -32,6 +34,12 @@ class ManifestRow:
     base_dir: str = "."
     audio: str | bytes | None = None
     video: str | bytes | None = None
+    key: str | None = None
+
+    @property
+    def locator(self) -> str:
+        """The row's stable place in its input: its `key`, else its offset."""
+        return self.key if self.key is not None else str(self.offset)
 
     def value(self, modality: str) -> str | bytes | None:
         """What the row holds for `modality` (None: nothing, the item is skipped)."""
@@ -49,6 +57,12 @@ class InvalidRow:
     offset: int | None
     error: MMError
     id: str | None = None
+    key: str | None = None
+
+    @property
+    def locator(self) -> str:
+        """The line's stable place in its input (as `ManifestRow.locator`)."""
+        return self.key if self.key is not None else str(self.offset)
 
 
 @dataclass(slots=True)

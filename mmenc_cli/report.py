@@ -10,6 +10,7 @@ are keyed by manifest+offset.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import time
@@ -45,23 +46,25 @@ class ErrorRecord:
     time: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     task: int = 0
     status: str = "failed"  # "failed", or "resolved": a marker that a manifest line invalid before is a row now
+    key: str | None = None  # a folder's sample: its relative path (its offset is its place in the walk, which moves)
 
     @classmethod
     def from_error(cls, err: MMError, *, id: str | None, manifest: str | None, line: int | None,
                    offset: int | None, modality: str | None, source: str | None = None,
-                   attempt: int = 1, task: int = 0) -> "ErrorRecord":
+                   attempt: int = 1, task: int = 0, key: str | None = None) -> "ErrorRecord":
         """Build a report row from an `MMError` and where the item came from."""
         return cls(id=id, manifest=manifest, line=line, offset=offset, modality=modality,
                    stage=err.stage, code=err.code, reason=err.reason, error=err.error,
-                   message=trim_message(err.message), source=source, attempt=attempt, task=task)
+                   message=trim_message(err.message), source=source, attempt=attempt, task=task, key=key)
 
     @classmethod
-    def resolved(cls, *, id: str, manifest: str, line: int | None, offset: int | None, task: int) -> "ErrorRecord":
-        """A marker: the manifest line at (manifest, offset), invalid in an earlier run, is a valid
-        row now; the errors commands no longer count the earlier failure."""
+    def resolved(cls, *, id: str, manifest: str, line: int | None, offset: int | None, task: int,
+                 key: str | None = None) -> "ErrorRecord":
+        """A marker: the manifest line at (manifest, offset or key), invalid in an earlier run, is a
+        valid row now; the errors commands no longer count the earlier failure."""
         return cls(id=id, manifest=manifest, line=line, offset=offset, modality=None, stage="read", code=0,
                    reason="resolved", error="", message="this manifest line is a valid row now", task=task,
-                   status="resolved")
+                   status="resolved", key=key)
 
     def to_json(self) -> str:
         """One JSON line (no trailing newline)."""
@@ -197,8 +200,27 @@ def json_line(obj: Any) -> str:
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     if row.get("modality") is None:
-        return ("line", row.get("manifest"), row.get("offset"))
+        return ("line", row.get("manifest"), row_locator(row))
     return ("item", row.get("id"), row.get("modality"))
+
+
+def row_locator(row: dict[str, Any]) -> str:
+    """Where an error row's record is in its input (as `ManifestRow.locator`): its `key`, else its
+    offset. A row written before folders were keyed has no `key` field: for a folder's sample its
+    id, the relative path, stands in for its place in the walk (which moves)."""
+    if "key" in row:
+        return str(row["key"]) if row["key"] is not None else str(row.get("offset"))
+    if row.get("id") is not None and _is_folder(str(row.get("manifest"))):
+        return str(row["id"])
+    return str(row.get("offset"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_folder(manifest: str) -> bool:
+    from .readers import files
+
+    found = files.info(manifest)
+    return found.exists and found.is_dir
 
 
 def latest_errors(out: str | Path, damaged: list[str] | None = None) -> list[dict[str, Any]]:
@@ -272,6 +294,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 #: input formats whose rows `retry` rewrites as JSONL rows (the others keep their own fields)
 _REWRITTEN = frozenset({"tar", "folder", "i2d-files", "i2d-parquet"})
 _UNLIMITED = 1 << 62
+#: input formats whose records are found by their key (a relative path), not their offset
+_KEYED = frozenset({"folder", "i2d-files"})
 
 
 def retryable_whole(row: dict[str, Any]) -> bool:
@@ -299,17 +323,19 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
     cfg = ManifestConfig(id_key=given.get("id_key"), image_key=given.get("image_key"),
                          text_key=given.get("text_key"), audio_key=given.get("audio_key"),
                          video_key=given.get("video_key"), keep=tuple(given.get("keep") or ()))
-    by_row: dict[tuple[str, int], tuple[set[str], Any]] = {}
+    by_row: dict[tuple[str, str], tuple[set[str], Any, int]] = {}
     for r in rows:
         if r.get("manifest") in (None, "") or r.get("offset") is None or not (r.get("modality") or retryable_whole(r)):
             continue
         wanted = {r["modality"]} if r.get("modality") else set(MODALITIES)
-        by_row.setdefault((r["manifest"], int(r["offset"])), (set(), r.get("id")))[0].update(wanted)
-    for (manifest, offset), (modalities, row_id) in sorted(by_row.items()):
+        entry = (set(), r.get("id"), int(r["offset"]))
+        by_row.setdefault((r["manifest"], row_locator(r)), entry)[0].update(wanted)
+    for (manifest, locator), (modalities, row_id, offset) in sorted(by_row.items()):
         fmt = source_format(manifest)
         keys = keys_for(fmt, cfg)
         whole = modalities == set(MODALITIES)  # a sample over --max-row-bytes: read it whatever its size
-        raw = dict(read_raw_row(manifest, offset, id=row_id, limit=_UNLIMITED if whole else DEFAULT_MAX_ROW_BYTES))
+        raw = dict(read_raw_row(manifest, offset, key=locator if fmt in _KEYED else None,
+                                limit=_UNLIMITED if whole else DEFAULT_MAX_ROW_BYTES))
         found = {m: next((k for k in cands if raw.get(k) is not None), cands[0]) for m, cands in keys.media}
         base = manifest if fmt in ("folder", "i2d-files") else os.path.dirname(os.path.abspath(manifest))
         if fmt in _REWRITTEN:

@@ -51,13 +51,13 @@ def iter_rows(manifests: Sequence[str], cfg: ManifestConfig, task_index: int = 0
     return iter_slice(sources, cfg, task_index, task_count)
 
 
-def read_raw_row(manifest: str, offset: int, id: str | None = None,
+def read_raw_row(manifest: str, offset: int, key: str | None = None,
                  limit: int = DEFAULT_MAX_ROW_BYTES) -> dict[str, Any]:
     """The record at `offset` as iter_rows saw it (a JSON object, a CSV dict, a Parquet or Arrow
-    row, a tar sample, a folder's file with its .txt and .json): what `mmenc errors retry`
-    rebuilds a failed row from. ManifestError when the offset does not point at a record (the
-    input changed?) or the record is unreadable."""
-    record, error = read_record(local(manifest), offset, limit, id)
+    row, a tar sample; a folder's sample by its `key`, the relative path, with its .txt and
+    .json): what `mmenc errors retry` rebuilds a failed row from. ManifestError when the offset
+    does not point at a record (the input changed?) or the record is unreadable."""
+    record, error = read_record(local(manifest), offset, limit, key)
     if error is not None:
         raise ManifestError(f"{manifest} at offset {offset}: {error.message}")
     assert record is not None
@@ -65,11 +65,11 @@ def read_raw_row(manifest: str, offset: int, id: str | None = None,
 
 
 def read_row(manifest: str, offset: int, cfg: ManifestConfig, line: int | None = None,
-             id: str | None = None) -> ManifestRow | InvalidRow:
-    """The row at `offset`, validated exactly as iter_rows does (an unreadable record is an
-    InvalidRow); `line` is passed through since it is not known from the offset alone."""
+             key: str | None = None) -> ManifestRow | InvalidRow:
+    """The row at `offset` (a folder's: `key`), validated exactly as iter_rows does (an unreadable
+    record is an InvalidRow); `line` is passed through since it is not known from the offset alone."""
     path = local(manifest)
     fmt = source_format(path)
-    record, error = read_record(path, offset, cfg.max_row_bytes, id)
+    record, error = read_record(path, offset, cfg.max_row_bytes, key)
     return to_row(path, line, offset, record, error, keys_for(fmt, cfg),
                   path if fmt in ("folder", "i2d-files") else None)

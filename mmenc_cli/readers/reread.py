@@ -43,9 +43,10 @@ def _split_local(path: str) -> tuple[str, str]:
 
 
 def read_record(path: str, offset: int, limit: int = DEFAULT_MAX_ROW_BYTES,
-                id: str | None = None) -> tuple[dict[str, Any] | None, MMError | None]:
-    """The record at `offset` (for a folder: the file `id`, else the `offset`-th image) and its
-    read error (a record over `limit` bytes is not loaded); ManifestError when there is none."""
+                key: str | None = None) -> tuple[dict[str, Any] | None, MMError | None]:
+    """The record at `offset` (for a folder: the sample `key`, its relative path; without one the
+    `offset`-th sample of the walk) and its read error (a record over `limit` bytes is not
+    loaded); ManifestError when there is none."""
     fmt = source_format(path)
     if offset < 0:
         raise ManifestError(f"offset {offset} is negative")
@@ -56,12 +57,16 @@ def read_record(path: str, offset: int, limit: int = DEFAULT_MAX_ROW_BYTES,
     if fmt == "tar":
         return read_sample(path, offset, limit)
     if fmt in ("folder", "i2d-files"):
-        return _folder_record(path, offset, id if fmt == "folder" else None, limit)
+        return _folder_record(path, offset, key, limit)
     return _text_record(path, fmt, offset, limit)
 
 
 def _folder_record(root: str, offset: int, rel: str | None, limit: int) -> tuple[dict[str, Any] | None, MMError | None]:
-    if rel is not None and files.info(files.join(root, *rel.split("/"))).exists:
+    """A folder's sample by its relative path (its place in the walk moves as files come and go;
+    only a row written before samples had keys is found by it)."""
+    if rel is not None:
+        if not files.info(files.join(root, *rel.split("/"))).exists:
+            raise ManifestError(f"{root} has no file {rel} any more: has the folder changed since the run?")
         return sample(root, rel, limit)
     for n, (first, found) in enumerate(walk(root)):
         if n == offset:

@@ -81,14 +81,17 @@ def check_columns(names: Sequence[str], path: str, keys: Keys) -> None:
 def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | None,
            error: MMError | None, keys: Keys, base_dir: str | None = None) -> ManifestRow | InvalidRow:
     """Validate one record into a ManifestRow, or an InvalidRow saying which key is wrong.
-    Relative image paths resolve against `base_dir` (default: the manifest's folder)."""
+    Relative image paths resolve against `base_dir` (default: the manifest's folder). A folder's
+    sample (a `base_dir` given) is named by its relative path, which does not move when files are
+    added or removed (its offset, the place in the walk, does)."""
     row_id = _valid_id(record, keys.id)
+    place = record.get("__key__") if base_dir is not None and record is not None else None
     if error is not None:
-        return InvalidRow(path, line, offset, error, row_id)
+        return InvalidRow(path, line, offset, error, row_id, place)
     assert record is not None
 
     def invalid(message: str, reason: str) -> InvalidRow:
-        return InvalidRow(path, line, offset, MMError(message, stage="validate", reason=reason), row_id)
+        return InvalidRow(path, line, offset, MMError(message, stage="validate", reason=reason), row_id, place)
 
     raw_id = record.get(keys.id)
     if row_id is None and (raw_id is None or isinstance(raw_id, str)):
@@ -115,7 +118,7 @@ def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | No
     return ManifestRow(id=row_id, manifest=path, line=line, offset=offset, image=media["image"], text=text,
                        keep={key: record.get(key) for key in keys.keep},
                        base_dir=base_dir if base_dir is not None else os.path.dirname(path),
-                       audio=media["audio"], video=media["video"])
+                       audio=media["audio"], video=media["video"], key=place)
 
 
 def _utf8(value: Any) -> bool:

@@ -35,7 +35,7 @@ class FailureSink:
         try:
             self._write(ErrorRecord.from_error(err, id=row.id, manifest=row.manifest, line=row.line,
                                                offset=row.offset, modality=modality, source=source, attempt=attempt,
-                                               task=self.task))
+                                               task=self.task, key=row.key))
         except OutputError:
             self.counters.add(modality, "not_attempted")
             raise
@@ -44,14 +44,14 @@ class FailureSink:
     def record_invalid(self, invalid: InvalidRow) -> None:
         """One manifest line is not a valid row (modality null)."""
         self._write(ErrorRecord.from_error(invalid.error, id=invalid.id, manifest=invalid.manifest, line=invalid.line,
-                                           offset=invalid.offset, modality=None, task=self.task))
+                                           offset=invalid.offset, modality=None, task=self.task, key=invalid.key))
         self.counters.add_row("invalid")
 
     def resolve_line(self, row: ManifestRow) -> None:
         """The manifest line of `row` was an invalid line in an earlier run: mark it resolved."""
         with self._lock:
             self.writer.write(ErrorRecord.resolved(id=row.id, manifest=row.manifest, line=row.line,
-                                                   offset=row.offset, task=self.task))
+                                                   offset=row.offset, task=self.task, key=row.key))
 
     def _write(self, record: ErrorRecord) -> None:
         with self._lock:

@@ -235,11 +235,11 @@ class EncodeRun:
                 elif isinstance(rec, InvalidRow):
                     self._invalid(rec, history)
                 elif not seen.add(id_hash(rec.id)):
-                    self._invalid(InvalidRow(rec.manifest, rec.line, rec.offset, id=rec.id, error=MMError(
+                    self._invalid(InvalidRow(rec.manifest, rec.line, rec.offset, id=rec.id, key=rec.key, error=MMError(
                         f"id {rec.id!r} is already used by an earlier row of this run",
                         stage="validate", reason="manifest.duplicate_id")), history)
                 else:
-                    if id_hash(rec.manifest, str(rec.offset)) in history.invalid:  # repaired since
+                    if id_hash(rec.manifest, rec.locator) in history.invalid:  # repaired since
                         self.failures.resolve_line(rec)  # type: ignore[union-attr]
                     self._request(rec, modalities, history, stages)
                 stages.pump()
@@ -277,7 +277,7 @@ class EncodeRun:
             self.counters.add_row("rows_skipped")
 
     def _invalid(self, inv: InvalidRow, history: History) -> None:
-        if id_hash(inv.manifest, str(inv.offset)) in history.invalid:
+        if id_hash(inv.manifest, inv.locator) in history.invalid:
             self.counters.add_row("invalid_before")
         else:
             assert self.failures is not None

@@ -19,7 +19,7 @@ from ..errors import OutputError
 from ..idset import AttemptCounts, HashSet64, id_hash
 from ..locks import TaskLock
 from ..outdir import OutDir, iter_shard_keys
-from ..report import iter_error_records
+from ..report import iter_error_records, row_locator
 from .metadata import fingerprint_diff, version_changes
 
 log = logging.getLogger("mmenc")
@@ -46,7 +46,7 @@ def load_history(out: OutDir) -> History:
     lines: dict[int, tuple[str, str]] = {}  # invalid lines: (time, status) of the latest row each
     for row in iter_error_records(out.error_report_paths()):
         if row.get("modality") is None:
-            key, seen = id_hash(row.get("manifest"), str(row.get("offset"))), (str(row.get("time")), "")
+            key, seen = id_hash(row.get("manifest"), row_locator(row)), (str(row.get("time")), "")
             if seen[0] >= lines.get(key, ("", ""))[0]:
                 lines[key] = (seen[0], str(row.get("status")))
             continue

@@ -77,7 +77,7 @@ def test_a_folder_is_a_manifest(tmp_path: Path) -> None:
     shares = [rows([root], task=(i, 2)) for i in range(2)]
     assert sorted(r.id for share in shares for r in share) == [r.id for r in got]
     assert not {r.id for r in shares[0]} & {r.id for r in shares[1]}
-    assert read_raw_row(str(root), 2, id="b/deep/d.webp")["__image__"] == "b/deep/d.webp"
+    assert read_raw_row(str(root), 2, key="b/deep/d.webp")["__image__"] == "b/deep/d.webp"
 
 
 def test_webdataset_samples_keep_their_keys(tmp_path: Path) -> None:
@@ -298,5 +298,5 @@ def test_a_folder_groups_the_media_of_one_stem_one_file_per_medium(tmp_path: Pat
     assert [rec["__key__"] for _, rec in got] == ["a.jpg", "a.png", "b.flac", "c.webm"]
     assert got[2][1]["__text__"] == "x"
     for n, rec in got:
-        assert read_record(str(tmp_path), n, id=rec["__key__"])[0] == rec
+        assert read_record(str(tmp_path), n, key=rec["__key__"])[0] == rec
         assert read_record(str(tmp_path), n)[0] == rec  # by walk position

@@ -102,3 +102,59 @@ def test_the_cli_takes_quoted_ranges_folders_and_img2dataset_outputs(tmp_path: P
     no_backend = runner.invoke(app, ["encode", "nosuchproto://bucket/*.tar", "--out", str(tmp_path / "o2")],
                                catch_exceptions=False)
     assert no_backend.exit_code == 3 and "no fsspec backend for nosuchproto://" in no_backend.output
+
+
+def test_a_folders_error_rows_follow_their_files_when_others_come_and_go(tmp_path: Path) -> None:
+    """A folder sample is keyed by its path: deleting or adding files never moves an error row onto
+    another file, never hides a broken file, never lists one twice (a deleted file's row stays)."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in "abcd":
+        (photos / f"{name}.png").write_bytes(png(ord(name)))
+    for name in "bc":
+        (photos / f"{name}.txt").write_bytes("caf\xe9".encode("latin-1"))  # invalid: not UTF-8
+
+    def current_errors() -> list[str]:
+        res = runner.invoke(app, ["errors", "list", str(out), "--json"], catch_exceptions=False)
+        return sorted(json.loads(line)["id"] for line in res.stdout.splitlines())
+
+    out = tmp_path / "out"
+    run_encode(make_cfg([photos], out), encoder_factory=factory(FakeEncoder()))
+    assert current_errors() == ["b.png", "c.png"]
+    (photos / "b.png").unlink()
+    (photos / "b.txt").unlink()
+    again = run_encode(make_cfg([photos], out), encoder_factory=factory(FakeEncoder()))
+    assert again.counters.invalid_before == 1 and again.counters.invalid == 0
+    assert current_errors() == ["b.png", "c.png"]  # c still broken, still listed: d.png does not resolve it
+    (photos / "a0.png").write_bytes(png(1))
+    (photos / "a0.txt").write_bytes(b"\xff")
+    third = run_encode(make_cfg([photos], out), encoder_factory=factory(FakeEncoder()))
+    assert third.counters.invalid == 1 and third.counters.invalid_before == 1
+    assert current_errors() == ["a0.png", "b.png", "c.png"]
+    rows = [r for r in error_rows(out) if r["status"] == "failed"]
+    assert sorted(r["key"] for r in rows) == ["a0.png", "b.png", "c.png"]
+    retry = tmp_path / "retry.jsonl"
+    (photos / "c.txt").write_text("fixed")
+    fourth = run_encode(make_cfg([photos], out), encoder_factory=factory(FakeEncoder()))
+    assert fourth.counters.mod("text").encoded == 1 and current_errors() == ["a0.png", "b.png"]
+    assert runner.invoke(app, ["errors", "retry", str(out), "-o", str(retry)]).exit_code == 0
+
+
+def test_folder_error_rows_written_before_keys_are_still_honoured(tmp_path: Path) -> None:
+    from mmenc_cli.outdir import OutDir
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in "abc":
+        (photos / f"{name}.png").write_bytes(png(ord(name)))
+    (photos / "b.txt").write_bytes(b"\xff")
+    out = tmp_path / "out"
+    run_encode(make_cfg([photos], out), encoder_factory=factory(FakeEncoder()))
+    for path in OutDir(out).error_report_paths():  # as an earlier mmenc wrote them: no "key" field
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "key"}) + "\n" for r in rows))
+    (photos / "a.png").unlink()  # b's place in the walk moves from 1 to 0
+    again = run_encode(make_cfg([photos], out), encoder_factory=factory(FakeEncoder()))
+    assert again.counters.invalid_before == 1 and again.counters.invalid == 0
+    listed = runner.invoke(app, ["errors", "list", str(out), "--json"], catch_exceptions=False)
+    assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == ["b.png"]

@@ -22,7 +22,7 @@ SPREAD = frozenset({"jsonl.gz", "folder", "arrow"})
 @dataclass(frozen=True, slots=True)
 class Source:
     """One input and its place in the tasks' virtual byte space; `meta` is an img2dataset
-    shard's metadata Parquet."""
+    shard's metadata Parquet, or for a "missing" source the file that lists it (None: a pattern)."""
 
     path: str  # absolute, or a URL
     fmt: str

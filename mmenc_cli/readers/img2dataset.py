@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
-from ..records import NotDownloaded
+from ..records import InvalidRow, NotDownloaded
 from . import files
+from .batches import read_errors
 from .lines import Raw
+from .parquet import open_parquet, parquet_rows, unopenable
 
 _STATS = re.compile(r"^(\d+)_stats\.json$")
 IMAGE_COLUMNS = ("jpg", "png", "webp", "jpeg")
@@ -53,38 +55,47 @@ def shards(folder: str) -> list[Shard] | None:
     return out
 
 
-def not_downloaded(meta: str) -> Iterator[NotDownloaded]:
-    """The metadata rows whose download failed (`status` other than `success`)."""
-    import pyarrow.parquet as pq
-
+def not_downloaded(meta: str) -> Iterator[NotDownloaded | InvalidRow]:
+    """The metadata rows whose download failed (`status` other than `success`); a part of the
+    metadata that cannot be read is an error row of its own (the samples are not in it)."""
     if not files.info(meta).exists:
         return
-    with files.open_binary(meta) as fh:
-        pf = pq.ParquetFile(fh)
-        columns = [c for c in ("key", "status", "error_message") if c in pf.schema_arrow.names]
-        if "status" not in columns:
+    try:
+        pf, names = open_parquet(meta)
+    except read_errors() as exc:
+        yield InvalidRow(meta, None, 0, unopenable(meta, exc))
+        return
+    with pf:
+        if "status" not in names:
             return
-        row = 0
-        for batch in pf.iter_batches(batch_size=4096, columns=columns):
-            for k, record in enumerate(batch.to_pylist()):
-                if record.get("status") != "success":
-                    yield NotDownloaded(meta, row + k, record.get("key"), record.get("status"),
-                                        record.get("error_message"))
-            row += batch.num_rows
+        columns = [c for c in ("key", "status", "error_message") if c in names]
+        for _, row, record, error in parquet_rows(pf, meta, columns):
+            if error is not None:
+                yield InvalidRow(meta, None, row, error, _key(record))
+            elif record.get("status") != "success":  # type: ignore[union-attr]
+                yield _failed(meta, row, record)  # type: ignore[arg-type]
 
 
 def parquet_samples(path: str) -> Iterator[Raw | NotDownloaded]:
     """The `parquet` layout: downloaded rows (with their image bytes) and the others, counted apart."""
-    import pyarrow.parquet as pq
+    try:
+        pf, _ = open_parquet(path)
+    except read_errors() as exc:
+        yield None, 0, None, unopenable(path, exc)
+        return
+    with pf:
+        for raw in parquet_rows(pf, path, None):
+            record = raw[2]
+            if raw[3] is None and record is not None and record.get("status", "success") != "success":
+                yield _failed(path, raw[1], record)
+            else:
+                yield raw
 
-    with files.open_binary(path) as fh:
-        pf = pq.ParquetFile(fh)
-        row = 0
-        for batch in pf.iter_batches(batch_size=256):
-            for k, record in enumerate(batch.to_pylist()):
-                if record.get("status", "success") == "success":
-                    yield None, row + k, record, None
-                else:
-                    yield NotDownloaded(path, row + k, record.get("key"), record.get("status"),
-                                        record.get("error_message"))
-            row += batch.num_rows
+
+def _failed(path: str, row: int, record: dict[str, Any]) -> NotDownloaded:
+    return NotDownloaded(path, row, record.get("key"), record.get("status"), record.get("error_message"))
+
+
+def _key(record: dict[str, Any] | None) -> str | None:
+    key = None if record is None else record.get("key")
+    return key if isinstance(key, str) else None

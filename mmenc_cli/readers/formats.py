@@ -14,7 +14,7 @@ _EXTENSIONS = (
     (".tgz", "tar"), (".arrow", "arrow"),
 )
 #: formats a task takes whole or not at all (placed by their first byte in the byte space)
-WHOLE = frozenset({"tar", "i2d-files", "i2d-parquet", "missing"})
+WHOLE = frozenset({"tar", "i2d-files", "i2d-parquet", "i2d-missing", "missing"})
 #: formats spread over all tasks row group by row group (n % k); they take no room in the byte space
 SPREAD = frozenset({"jsonl.gz", "folder", "arrow"})
 

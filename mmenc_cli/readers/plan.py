@@ -2,8 +2,8 @@
 files, a saved dataset, an img2dataset output), each source placed in the tasks' byte space.
 
 A path given as it is must exist (a usage error otherwise, before anything runs); a name a brace
-range or glob produced that is missing, and a data file a saved dataset lists that is missing,
-each become one error row and the run goes on.
+range or glob produced that is missing, a data file a saved dataset lists that is missing, and an
+img2dataset shard whose samples are missing each become one error row and the run goes on.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def plan(inputs: Sequence[str]) -> list[Source]:
 
 
 def _sources(given: str, path: str, from_pattern: bool) -> list[tuple[str, str, int, str | None]]:
-    """(format, path, size, metadata) of the sources of one existing or pattern-made path."""
+    """(format, path, size, metadata) of the sources of one existing or pattern-made path; a
+    missing img2dataset shard takes no room (its one error row goes to the task at its place)."""
     found = files.info(path)
     if not found.exists:
         if from_pattern:

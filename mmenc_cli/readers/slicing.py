@@ -104,10 +104,13 @@ def _records(src: Source, cfg: ManifestConfig, space: tuple[int, int, int],
 
 def _whole(src: Source, cfg: ManifestConfig) -> Iterator[Raw | NotDownloaded | InvalidRow]:
     """The records of a source a task takes whole: a tar shard, an img2dataset shard (its
-    samples, then the rows that were not downloaded), a missing shard's one error row, or an empty
+    samples, then the rows that were not downloaded), a missing shard's one error row (a missing
+    img2dataset shard's metadata rows that were not downloaded still count as such), or an empty
     Parquet file's."""
-    if src.fmt == "missing":
+    if src.fmt in ("missing", "i2d-missing"):
         yield None, 0, None, MMError(_missing(src), stage="read", reason="manifest.missing_shard")
+        if src.fmt == "i2d-missing" and src.meta is not None:
+            yield from img2dataset.not_downloaded(src.meta)
         return
     if src.fmt == "parquet":
         yield None, 0, None, MMError(f"{src.path} is empty (0 bytes): not a Parquet file", stage="read",
@@ -126,4 +129,7 @@ def _whole(src: Source, cfg: ManifestConfig) -> Iterator[Raw | NotDownloaded | I
 
 def _missing(src: Source) -> str:
     """What a missing source's error row says: who named it."""
+    if src.fmt == "i2d-missing":
+        return (f"{src.path} does not exist: the samples of this img2dataset shard are missing "
+                "(its stats or metadata are there)")
     return f"{src.path} does not exist ({'listed in ' + src.meta if src.meta else 'named by a brace range or pattern'})"

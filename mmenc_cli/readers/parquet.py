@@ -2,8 +2,9 @@
 
 Damage never ends the run: a file whose footer cannot be read is one `manifest.bad_shard` row
 (all its rows are lost; the task holding its first byte reports it), a row group that cannot be
-decoded is one such row for its rows, and the file is read on from the next row group; a batch
-that decodes is validated in full before it becomes records (`batches.py`).
+decoded (or decodes to fewer rows than the footer says) is one such row for its rows, and the file
+is read on from the next row group, each row at the index the footer gives it; a batch that
+decodes is validated in full before it becomes records (`batches.py`).
 """
 
 from __future__ import annotations
@@ -90,29 +91,23 @@ def parquet_rows(pf: Any, path: str, columns: list[str] | None, lo: int = 0,
 
 
 def _read(pf: Any, groups: list[int], starts: list[int],
-          columns: list[str] | None) -> Iterator[tuple[int, Any, int, BaseException | None]]:
+          columns: list[str] | None) -> Iterator[tuple[int, Any, int, BaseException | str | None]]:
     """(first row, batch, rows, None) for the batches of `groups`; (first row, None, rows lost, the
-    error) for the part of a row group that cannot be read."""
-    if not groups:
-        return
-    row = starts[groups[0]]
-    try:  # batches may span row groups, so a failure is not pinned to one group here
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=groups, columns=columns):
-            yield row, batch, batch.num_rows, None
-            row += batch.num_rows
-        return
-    except read_errors():
-        pass
-    for g in groups:  # again group by group from the failure: only the damaged groups are lost
-        at = starts[g]
-        if starts[g + 1] <= row:
-            continue
+    cause) for the part of a row group that cannot be read. Read one group at a time (batches may
+    span groups): a damaged group then loses only its own rows, and every row keeps the index the
+    footer gives it even where a group decodes to fewer rows than it says."""
+    for g in groups:
+        at, end = starts[g], starts[g + 1]
         try:
             for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=[g], columns=columns):
+                batch = batch.slice(0, end - at)  # rows past what the footer says are not rows of the file
                 yield at, batch, batch.num_rows, None
                 at += batch.num_rows
         except read_errors() as exc:
-            yield at, None, starts[g + 1] - at, exc
+            yield at, None, end - at, exc
+            continue
+        if at < end:
+            yield at, None, end - at, f"row group {g} holds {at - starts[g]} rows, its footer says {end - starts[g]}"
 
 
 def parquet_record(path: str, offset: int) -> dict[str, Any]:

@@ -135,6 +135,29 @@ def test_a_damaged_parquet_row_group_is_one_error_row_and_the_file_is_read_on(tm
         read_raw_row(str(path), 12)
 
 
+def test_a_row_group_that_decodes_short_keeps_the_rows_after_it_in_place(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged page header can make a row group decode to fewer rows than the footer says
+    (seen in the corpus): its missing rows are one error row, and the next group's rows keep the
+    offsets the footer gives them (counted on, they would shift onto the wrong rows)."""
+    path = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(20)], "text": [f"t{i}" for i in range(20)]}), path,
+                   row_group_size=5)
+    real = pq.ParquetFile.iter_batches
+
+    def short(self: pq.ParquetFile, *args: Any, row_groups: list[int] | None = None, **kw: Any) -> Any:
+        for g in row_groups if row_groups is not None else range(self.num_row_groups):
+            for batch in real(self, *args, row_groups=[g], **kw):
+                yield batch.slice(0, 2) if g == 2 else batch
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", short)
+    got = rows([path])
+    assert kinds(got) == [f"r{i}" for i in range(12)] + [(12, "manifest.bad_shard", None)] + [
+        f"r{i}" for i in range(15, 20)]
+    assert [r.offset for r in got[13:]] == list(range(15, 20)) and list(lost_range(got[12])) == [12, 13, 14]
+    assert "row group 2 holds 2 rows, its footer says 5" in got[12].error.message
+
+
 def test_a_file_that_is_not_parquet_is_one_error_row(tmp_path: Path) -> None:
     """Was: ManifestError (exit 3) when the task reached it, after other inputs were encoded."""
     (tmp_path / "a.parquet").write_bytes(b"not parquet at all " * 50)

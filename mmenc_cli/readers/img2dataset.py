@@ -119,8 +119,8 @@ def not_downloaded(meta: str) -> Iterator[NotDownloaded | InvalidRow]:
         for _, row, record, error in parquet_rows(pf, meta, columns):
             if error is not None:
                 yield InvalidRow(meta, None, row, error, _key(record))
-            elif record.get("status") != "success":  # type: ignore[union-attr]
-                yield _failed(meta, row, record)  # type: ignore[arg-type]
+            elif record is not None and record.get("status") != "success":
+                yield _failed(meta, row, record)
 
 
 def parquet_samples(path: str) -> Iterator[Raw | NotDownloaded]:

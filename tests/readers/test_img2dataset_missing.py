@@ -119,3 +119,16 @@ def test_a_run_over_a_shard_with_its_tar_gone_reports_it(tmp_path: Path) -> None
         (str(root / "00001.tar"), "manifest.missing_shard", 404)]
     found = CliRunner().invoke(app, ["errors", "summary", str(out), "--json"], catch_exceptions=False)
     assert json.loads(found.stdout)["by_reason"] == {"manifest.missing_shard": 1}
+
+
+def test_a_metadata_parquet_that_cannot_be_read_is_an_error_row_of_its_own(tmp_path: Path) -> None:
+    """Was: ArrowInvalid out of the reader (exit 1). The tar's samples are still encoded."""
+    root = layout_folder(tmp_path / "laion", "tar", shards=2)
+    (root / "00001.parquet").write_bytes(b"junk" * 100)
+    ids, errors, not_downloaded = summary(rows(root))
+    assert ids == ["000000000", "000000002", "000010000", "000010002"] and not_downloaded == 1
+    assert errors == [("00001.parquet", "manifest.bad_shard", 400)]
+    inline = layout_folder(tmp_path / "inline", "parquet", shards=2)
+    (inline / "00000.parquet").write_bytes(b"junk" * 100)
+    ids, errors, not_downloaded = summary(rows(inline))
+    assert ids == ["000010000", "000010002"] and errors == [("00000.parquet", "manifest.bad_shard", 400)]

@@ -13,10 +13,11 @@ Parquet is read by row group with `iter_batches` and only the columns a row need
 starts (None for Parquet). A UTF-8 BOM at the start of a text manifest is ignored; CRLF is fine.
 In CSV/TSV an empty cell is null (CSV has no other way to write one).
 
-A row that cannot be used becomes an `InvalidRow` carrying an `MMError` (``manifest.*`` reasons);
-only run-level problems raise `ManifestError`: a missing file, an unknown extension, an unreadable
-Parquet file, a CSV header or Parquet schema without the id column (or without both the image and
-the text column), or a CSV split that cannot be made safely (`slicing.py`).
+A row that cannot be used becomes an `InvalidRow` carrying an `MMError` (``manifest.*`` reasons),
+and so does a damaged part of a Parquet or Arrow file (`batches.py`); only run-level problems raise
+`ManifestError`: a missing file, an unknown extension, a CSV header or Parquet schema without the
+id column (or without both the image and the text column), a saved dataset's listing that is not
+JSON, or a CSV split that cannot be made safely (`slicing.py`).
 
 Which rows each task of an array reads: `slicing.py`.
 """

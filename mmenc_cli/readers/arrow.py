@@ -5,7 +5,8 @@ the stream format); it is read record batch by record batch, only the columns a 
 `save_to_disk` folder is its `state.json`'s data files in order (a `DatasetDict` folder: each
 split's, in `dataset_dict.json`'s order). The `Image` feature's `{bytes, path}` struct gives the
 image's bytes (or its path). Task slices: record batch b of a file belongs to task b % k;
-`offset` is the row's index in the file.
+`offset` is the row's index in the file. Each batch is validated before its rows are made
+(`batches.py`); a data file the listing names that is gone is one error row (`plan.py`).
 """
 
 from __future__ import annotations
@@ -13,28 +14,51 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from ..errors import ManifestError, MMError
+from ..errors import ManifestError
 from . import files
+from .batches import checked_records, checked_row, lost_rows, read_errors
 from .lines import Raw
 from .validate import Keys, check_columns
 
 
-def data_files(folder: str) -> list[str] | None:
-    """The Arrow files of a `save_to_disk` folder, in order; None when it is not one."""
+def data_files(folder: str) -> list[tuple[str, str]] | None:
+    """The Arrow files of a `save_to_disk` folder, in order, each with the JSON file that lists it
+    (a listed file may be missing); None when `folder` is not one. ManifestError names a
+    `state.json` or `dataset_dict.json` that is not what `datasets` writes."""
     state = files.join(folder, "state.json")
     if files.info(state).exists:
-        with files.open_binary(state) as fh:
-            listed = json.loads(fh.read()).get("_data_files") or []
-        return [files.join(folder, entry["filename"]) for entry in listed]
+        listed = _listing(state, "_data_files")
+        if not all(isinstance(e, dict) and isinstance(e.get("filename"), str) for e in listed):
+            raise ManifestError(f"{state} is damaged: its _data_files are not objects with a filename")
+        return [(files.join(folder, entry["filename"]), state) for entry in listed]
     splits = files.join(folder, "dataset_dict.json")
-    if files.info(splits).exists:
-        with files.open_binary(splits) as fh:
-            names = json.loads(fh.read()).get("splits") or []
-        return [path for name in names for path in (data_files(files.join(folder, name)) or [])]
-    return None
+    if not files.info(splits).exists:
+        return None
+    names = _listing(splits, "splits")
+    if not all(isinstance(name, str) for name in names):
+        raise ManifestError(f"{splits} is damaged: its splits are not names")
+    out: list[tuple[str, str]] = []
+    for name in names:
+        listed = data_files(files.join(folder, name))
+        out += listed if listed is not None else [(files.join(folder, name, "state.json"), splits)]
+    return out
 
 
-def _batches(fh: Any, path: str) -> Iterator[Any]:
+def _listing(path: str, key: str) -> list[Any]:
+    """The list under `key` in a saved dataset's JSON file (absent: empty); ManifestError when
+    the file cannot be read or is not such JSON."""
+    try:
+        with files.open_binary(path) as fh:
+            doc = json.loads(fh.read())
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"cannot read saved dataset file {path}: {exc}") from None
+    listed = doc.get(key) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or not isinstance(listed, (list, type(None))):
+        raise ManifestError(f"{path} is damaged: not the JSON object `datasets` writes (no {key} list)")
+    return listed or []
+
+
+def _batches(fh: Any) -> Iterator[Any]:
     """The record batches of an IPC file or stream."""
     import pyarrow as pa
 
@@ -46,45 +70,55 @@ def _batches(fh: Any, path: str) -> Iterator[Any]:
             stream = pa.ipc.open_stream(fh)
         except pa.ArrowInvalid as exc:
             raise pa.ArrowInvalid(f"not an Arrow IPC file or stream: {exc}") from None
-        yield from stream
+        yield from map(_counted, stream)
+        at, size = fh.tell(), fh.seek(0, 2)
+        if at < size:  # a damaged message header reads as the end of the stream: rows would vanish
+            raise pa.ArrowInvalid(f"the stream ends at byte {at} of {size}")
         return
     for i in range(reader.num_record_batches):
-        yield reader.get_batch(i)
+        yield _counted(reader.get_batch(i))
+
+
+def _counted(batch: Any) -> Any:
+    """A batch whose row count can place the rows after it (a damaged header can say -5)."""
+    if batch.num_rows < 0:
+        raise ValueError(f"a record batch of {batch.num_rows} rows")
+    return batch
 
 
 def arrow_records(path: str, keys: Keys, pick: tuple[int, int] | None) -> Iterator[Raw]:
-    """The rows of this task's record batches (`pick` = (i, k): batches b % k == i)."""
-    import pyarrow as pa
-
+    """The rows of this task's record batches (`pick` = (i, k): batches b % k == i). A batch that
+    cannot be read ends the file (the rest is one error row: a stream cannot be resynchronized);
+    a batch that is read but damaged is its own error row, or one per bad row (`batches.py`)."""
     row = b = 0
-    with files.open_binary(path) as fh:
-        try:
-            for b, batch in enumerate(_batches(fh, path)):
+    try:
+        with files.open_binary(path) as fh:
+            for batch in _batches(fh):
                 if b == 0:
                     check_columns(batch.schema.names, path, keys)
                 if pick is None or b % pick[1] == pick[0]:
                     wanted = [c for c in keys.columns if c in batch.schema.names]
-                    for k, record in enumerate(batch.select(wanted).to_pylist()):
-                        yield None, row + k, record, None
+                    yield from checked_records(batch.select(wanted), path, row)
                 row += batch.num_rows
                 b += 1
-        except (pa.ArrowException, OSError) as exc:  # reported by the task the unreadable batch belongs to
-            if pick is None or b % pick[1] == pick[0]:
-                yield None, row, None, MMError(f"{path} cannot be read from row {row} on ({exc}): the rest of the "
-                                               "file is lost", stage="read", reason="manifest.bad_shard")
+    except ManifestError:
+        raise
+    except read_errors() as exc:  # reported by the task the unreadable batch belongs to
+        if pick is None or b % pick[1] == pick[0]:
+            yield None, row, None, lost_rows(path, row, None, exc)
 
 
 def arrow_record(path: str, offset: int) -> dict[str, Any]:
     """Row `offset` of an Arrow file with all its columns (for `mmenc errors retry`)."""
-    import pyarrow as pa
-
     row = 0
-    with files.open_binary(path) as fh:
-        try:
-            for batch in _batches(fh, path):
+    try:
+        with files.open_binary(path) as fh:
+            for batch in _batches(fh):
                 if offset < row + batch.num_rows:
-                    return batch.slice(offset - row, 1).to_pylist()[0]
+                    return checked_row(batch, offset - row, path, offset)
                 row += batch.num_rows
-        except (pa.ArrowException, OSError) as exc:
-            raise ManifestError(f"{path} cannot be read from row {row} on: {exc}") from None
+    except ManifestError:
+        raise
+    except read_errors() as exc:
+        raise ManifestError(f"{path} cannot be read from row {row} on: {exc}") from None
     raise ManifestError(f"row {offset} is past the end of {path} ({row} rows)")

@@ -14,7 +14,7 @@ _EXTENSIONS = (
     (".tgz", "tar"), (".arrow", "arrow"),
 )
 #: formats a task takes whole or not at all (placed by their first byte in the byte space)
-WHOLE = frozenset({"tar", "i2d-files", "i2d-parquet", "missing"})
+WHOLE = frozenset({"tar", "i2d-files", "i2d-parquet", "i2d-missing", "missing"})
 #: formats spread over all tasks row group by row group (n % k); they take no room in the byte space
 SPREAD = frozenset({"jsonl.gz", "folder", "arrow"})
 
@@ -22,7 +22,7 @@ SPREAD = frozenset({"jsonl.gz", "folder", "arrow"})
 @dataclass(frozen=True, slots=True)
 class Source:
     """One input and its place in the tasks' virtual byte space; `meta` is an img2dataset
-    shard's metadata Parquet."""
+    shard's metadata Parquet, or for a "missing" source the file that lists it (None: a pattern)."""
 
     path: str  # absolute, or a URL
     fmt: str

@@ -1,11 +1,19 @@
-"""Parquet manifests: streamed by row group, only the columns a row needs."""
+"""Parquet manifests: streamed by row group, only the columns a row needs.
+
+Damage never ends the run: a file whose footer cannot be read is one `manifest.bad_shard` row
+(all its rows are lost; the task holding its first byte reports it), a row group that cannot be
+decoded (or decodes to fewer rows than the footer says) is one such row for its rows, and the file
+is read on from the next row group, each row at the index the footer gives it; a batch that
+decodes is validated in full before it becomes records (`batches.py`).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..errors import ManifestError
+from ..errors import ManifestError, MMError
 from . import files
+from .batches import checked_records, checked_row, lost_rows, read_errors
 from .formats import Source
 from .lines import Raw
 from .validate import Keys, check_columns
@@ -14,48 +22,92 @@ PARQUET_BATCH = 256  # rows converted to Python at once: inline images make rows
 
 
 def parquet_file(path: str) -> Any:
-    """Open a Parquet manifest for streaming (buffered column reads, no whole-row-group buffer)."""
-    import pyarrow as pa
+    """Open a Parquet manifest for streaming (buffered column reads, no whole-row-group buffer);
+    ManifestError when its footer cannot be read."""
+    try:
+        return open_parquet(path)[0]
+    except read_errors() as exc:
+        raise ManifestError(f"cannot read Parquet manifest {path}: {exc}") from None
+
+
+def open_parquet(path: str) -> tuple[Any, list[str]]:
+    """A Parquet file opened for streaming and its column names; pyarrow's error (or OSError, or
+    a UnicodeDecodeError from a damaged schema) when it cannot be opened."""
     import pyarrow.parquet as pq
 
+    pf = pq.ParquetFile(files.open_binary(path) if files.is_url(path) else path, buffer_size=1 << 20,
+                        pre_buffer=False)
     try:
-        source = files.open_binary(path) if files.is_url(path) else path
-        return pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False)
-    except (pa.ArrowException, OSError) as exc:
-        raise ManifestError(f"cannot read Parquet manifest {path}: {exc}") from None
+        return pf, list(pf.schema_arrow.names)
+    except BaseException:
+        pf.close()
+        raise
+
+
+def unopenable(path: str, exc: BaseException) -> MMError:
+    """The error row of a Parquet file that cannot be opened at all."""
+    return MMError(f"{path} cannot be opened as Parquet ({type(exc).__name__}: {exc}): all its rows are lost",
+                   stage="read", reason="manifest.bad_shard")
 
 
 def parquet_records(src: Source, keys: Keys, a: int, b: int) -> Iterator[Raw]:
     """Parquet rows whose virtual position r*S//N lies in [a, b), reading only their row groups."""
-    import pyarrow as pa
-
-    with parquet_file(src.path) as pf:
-        meta, names = pf.metadata, pf.schema_arrow.names
+    try:
+        pf, names = open_parquet(src.path)
+    except read_errors() as exc:
+        if a == 0:  # the task that holds the file's first byte
+            yield None, 0, None, unopenable(src.path, exc)
+        return
+    with pf:
         check_columns(names, src.path, keys)
-        lo, hi = -(-a * meta.num_rows // src.size), -(-b * meta.num_rows // src.size)
-        groups, first, row = [], 0, 0
-        for g in range(meta.num_row_groups):
-            count = meta.row_group(g).num_rows
-            if row < hi and row + count > lo:
-                if not groups:
-                    first = row
-                groups.append(g)
-            row += count
-        if not groups:
+        n = pf.metadata.num_rows
+        lo, hi = -(-a * n // src.size), -(-b * n // src.size)
+        yield from parquet_rows(pf, src.path, [c for c in keys.columns if c in names], lo, hi)
+
+
+def parquet_rows(pf: Any, path: str, columns: list[str] | None, lo: int = 0,
+                 hi: int | None = None) -> Iterator[Raw]:
+    """Rows [lo, hi) of an open Parquet file (`columns` only, None: all), reading only the row
+    groups they lie in; rows that cannot be read are error rows and reading goes on."""
+    meta = pf.metadata
+    hi = meta.num_rows if hi is None else hi
+    starts, row = [], 0
+    for g in range(meta.num_row_groups):
+        starts.append(row)
+        row += meta.row_group(g).num_rows
+    starts.append(row)
+    groups = [g for g in range(meta.num_row_groups) if starts[g] < hi and starts[g + 1] > lo]
+    done = lo  # rows before it were given (a re-read group starts over)
+    for first, batch, count, exc in _read(pf, groups, starts, columns):
+        i, j = max(done, first), min(hi, first + count)
+        if j > i:
+            if batch is None:
+                yield None, i, None, lost_rows(path, i, j - i, exc)
+            else:
+                yield from checked_records(batch.slice(i - first, j - i), path, i)
+            done = j
+        if done >= hi:
             return
-        columns = [c for c in keys.columns if c in names]
-        row = first
+
+
+def _read(pf: Any, groups: list[int], starts: list[int],
+          columns: list[str] | None) -> Iterator[tuple[int, Any, int, BaseException | str | None]]:
+    """(first row, batch, rows, None) for the batches of `groups`; (first row, None, rows lost, the
+    cause) for the part of a row group that cannot be read. Read one group at a time (batches may
+    span groups): a damaged group then loses only its own rows, and every row keeps the index the
+    footer gives it even where a group decodes to fewer rows than it says."""
+    for g in groups:
+        at, end = starts[g], starts[g + 1]
         try:
-            for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=groups,
-                                         columns=columns):
-                i, j = max(lo - row, 0), min(hi - row, batch.num_rows)
-                for k, record in enumerate(batch.slice(i, j - i).to_pylist() if j > i else ()):
-                    yield None, row + i + k, record, None
-                row += batch.num_rows
-                if row >= hi:
-                    break
-        except pa.ArrowException as exc:
-            raise ManifestError(f"cannot read Parquet manifest {src.path}: {exc}") from None
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=[g], columns=columns):
+                batch = batch.slice(0, end - at)  # rows past what the footer says are not rows of the file
+                yield at, batch, batch.num_rows, None
+                at += batch.num_rows
+        except read_errors() as exc:
+            yield at, None, end - at, exc
+            continue
+        if at < end:
+            yield at, None, end - at, f"row group {g} holds {at - starts[g]} rows, its footer says {end - starts[g]}"
 
 
 def parquet_record(path: str, offset: int) -> dict[str, Any]:
@@ -69,8 +121,13 @@ def parquet_record(path: str, offset: int) -> dict[str, Any]:
             if offset < row + meta.row_group(g).num_rows:
                 break
             row += meta.row_group(g).num_rows
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=[g]):
-            if offset < row + batch.num_rows:
-                return batch.slice(offset - row, 1).to_pylist()[0]
-            row += batch.num_rows
+        try:
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=[g]):
+                if offset < row + batch.num_rows:
+                    return checked_row(batch, offset - row, path, offset)
+                row += batch.num_rows
+        except ManifestError:
+            raise
+        except read_errors() as exc:
+            raise ManifestError(f"{path} cannot be read at row {offset}: {exc}") from None
     raise ManifestError(f"row {offset} not found in {path}")  # metadata and data disagree

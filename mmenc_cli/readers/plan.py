@@ -2,7 +2,8 @@
 files, a saved dataset, an img2dataset output), each source placed in the tasks' byte space.
 
 A path given as it is must exist (a usage error otherwise, before anything runs); a name a brace
-range or glob produced that is missing becomes one error row and the run goes on.
+range or glob produced that is missing, a data file a saved dataset lists that is missing, and an
+img2dataset shard whose samples are missing each become one error row and the run goes on.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def plan(inputs: Sequence[str]) -> list[Source]:
 
 
 def _sources(given: str, path: str, from_pattern: bool) -> list[tuple[str, str, int, str | None]]:
-    """(format, path, size, metadata) of the sources of one existing or pattern-made path."""
+    """(format, path, size, metadata) of the sources of one existing or pattern-made path; a
+    missing img2dataset shard takes no room (its one error row goes to the task at its place)."""
     found = files.info(path)
     if not found.exists:
         if from_pattern:
@@ -35,8 +37,8 @@ def _sources(given: str, path: str, from_pattern: bool) -> list[tuple[str, str, 
     if not found.is_dir:
         return [(detect_format(path), path, found.size, None)]
     listed = arrow.data_files(path)
-    if listed is not None:
-        return [("arrow", p, 0, None) for p in listed]
+    if listed is not None:  # a data file its state.json names but that is gone: one error row
+        return [("arrow", p, 0, None) if files.info(p).exists else ("missing", p, 0, by) for p, by in listed]
     shards = img2dataset.shards(path)
     if shards is not None:
         return [(s.fmt, s.data, _size(s.data if s.fmt != "i2d-files" else s.meta), s.meta) for s in shards]

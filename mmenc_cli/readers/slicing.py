@@ -68,7 +68,7 @@ def iter_slice(sources: list[Source], cfg: ManifestConfig, task_index: int,
         keys = keys_for(src.fmt, cfg)
         base = src.path if src.fmt in ("folder", "i2d-files") else None
         for raw in raws or ():
-            if isinstance(raw, NotDownloaded):
+            if isinstance(raw, (NotDownloaded, InvalidRow)):  # an img2dataset shard's metadata rows
                 yield raw
                 continue
             line, offset, record, error = raw
@@ -90,8 +90,8 @@ def _records(src: Source, cfg: ManifestConfig, space: tuple[int, int, int],
         if src.fmt == "arrow":
             return arrow_records(src.path, keys_for("arrow", cfg), pick)
         return jsonl_records(src.path, 0, None, cfg.max_row_bytes, pick=pick)
-    if src.fmt in WHOLE:
-        last = pick[0] == pick[1] - 1 and src.start == total
+    last = pick[0] == pick[1] - 1 and src.start == total
+    if src.fmt in WHOLE or src.fmt == "parquet" and src.size == 0:  # an empty file's error: one owner
         return _whole(src, cfg) if lo <= src.start < hi or last else None
     if a >= b:
         return None
@@ -102,12 +102,19 @@ def _records(src: Source, cfg: ManifestConfig, space: tuple[int, int, int],
     return csv_records(src, keys_for(src.fmt, cfg), cfg, a, b, cfg.csv_multiline)
 
 
-def _whole(src: Source, cfg: ManifestConfig) -> Iterator[Raw | NotDownloaded]:
+def _whole(src: Source, cfg: ManifestConfig) -> Iterator[Raw | NotDownloaded | InvalidRow]:
     """The records of a source a task takes whole: a tar shard, an img2dataset shard (its
-    samples, then the rows that were not downloaded), or a missing shard's one error row."""
-    if src.fmt == "missing":
-        yield None, 0, None, MMError(f"{src.path} does not exist (named by a brace range or pattern)",
-                                     stage="read", reason="manifest.missing_shard")
+    samples, then the rows that were not downloaded), a missing shard's one error row (a missing
+    img2dataset shard's metadata rows that were not downloaded still count as such), or an empty
+    Parquet file's."""
+    if src.fmt in ("missing", "i2d-missing"):
+        yield None, 0, None, MMError(_missing(src), stage="read", reason="manifest.missing_shard")
+        if src.fmt == "i2d-missing" and src.meta is not None:
+            yield from img2dataset.not_downloaded(src.meta)
+        return
+    if src.fmt == "parquet":
+        yield None, 0, None, MMError(f"{src.path} is empty (0 bytes): not a Parquet file", stage="read",
+                                     reason="manifest.bad_shard")
         return
     if src.fmt == "tar":
         yield from tar_records(src.path, cfg.max_row_bytes)
@@ -118,3 +125,11 @@ def _whole(src: Source, cfg: ManifestConfig) -> Iterator[Raw | NotDownloaded]:
         return
     if src.meta is not None:
         yield from img2dataset.not_downloaded(src.meta)
+
+
+def _missing(src: Source) -> str:
+    """What a missing source's error row says: who named it."""
+    if src.fmt == "i2d-missing":
+        return (f"{src.path} does not exist: the samples of this img2dataset shard are missing "
+                "(its stats or metadata are there)")
+    return f"{src.path} does not exist ({'listed in ' + src.meta if src.meta else 'named by a brace range or pattern'})"

@@ -141,7 +141,7 @@ def _read(job: dict[str, Any]) -> dict[str, Any]:
         for row in rows:  # what `mmenc errors retry` does with a row that failed later
             if isinstance(row, ManifestRow):
                 try:
-                    read_raw_row(row.manifest, row.offset, id=row.id)
+                    read_raw_row(row.manifest, row.offset, key=row.key)
                 except ManifestError:
                     pass
     except ManifestError as exc:

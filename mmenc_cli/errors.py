@@ -54,8 +54,9 @@ REASONS: dict[str, tuple[int, str]] = {
     "manifest.empty_row": (400, "the row has none of image, text, audio, video"),
     "manifest.duplicate_id": (409, "the id was already used in this output"),
     "manifest.row_too_large": (413, "the manifest line or CSV record exceeds --max-row-bytes"),
-    "manifest.missing_shard": (404, "a shard named by a brace range or pattern does not exist"),
-    "manifest.bad_shard": (400, "a tar shard or Arrow file is empty, truncated or corrupt from this offset on"),
+    "manifest.missing_shard": (404, "a shard or data file that an input names or lists does not exist"),
+    "manifest.bad_shard": (400, "an input file or part of one (tar member, Arrow batch, Parquet row group) is "
+                                "empty, damaged or unreadable"),
     "media.not_found": (404, "the media file does not exist"),
     "media.permission_denied": (403, "the media file or URL is not readable for us"),
     "media.is_directory": (400, "a directory where a media file should be"),

@@ -16,7 +16,6 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -32,9 +31,8 @@ from .decode_worker import (
     decode_one,
     init_worker,
     item_deadline,
-    make_board,
-    timed_out,
 )
+from .board import Board
 from .shm import SlotPool, shm_slots
 
 log = logging.getLogger("mmenc")
@@ -89,7 +87,7 @@ class DecodePool:
         self._pending: collections.deque[tuple[Any, list, Any, Any, str, int]] = collections.deque()
         self._tokens = itertools.count(1)  # names a chunk on the workers' board
         self._ended: dict[int, float] = {}  # when each chunk's future finished (a broken pool: when it broke)
-        self.board: str | None = None  # where workers record the item they are on (`decode_worker.timed_out`)
+        self.board: Board | None = None  # where workers record the item they are on
         self._finished: collections.deque[bool] = collections.deque()  # a chunk finished since the last look
         self._in_flight = 0
         self._ex: ProcessPoolExecutor | None = None
@@ -98,14 +96,15 @@ class DecodePool:
         self.slots: SlotPool | None = shm_slots(slots, image.max_pixel_bytes()) \
             if workers > 0 and image is not None else None
         if workers > 0:
-            self.board = make_board()
+            self.board = Board(self.max_in_flight + 4 * workers + 16)  # more slots than chunks in flight
             start_forkserver(torch=image is not None and image.imports_torch())
             self._ex = self._executor()
 
     def _executor(self) -> ProcessPoolExecutor:
         slots = (self.slots.name, self.slots.slot_bytes) if self.slots is not None else None
         return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"), initializer=init_worker,
-                                   initargs=(self.preprocessors, self.media, os.getpid(), slots, self.board))
+                                   initargs=(self.preprocessors, self.media, os.getpid(), slots,
+                                             self.board.address if self.board is not None else None))
 
     @property
     def in_flight(self) -> int:
@@ -171,7 +170,7 @@ class DecodePool:
                 self._restart()
             if self._stopping():  # SIGTERM to the whole group killed workers or the forkserver
                 return key, None
-            late = timed_out(self.board, token, ended) if self.board is not None else set()
+            late = self.board.timed_out(token, ended) if self.board is not None else set()
             isolated = self._isolate(chunk, modality, late)
             return key, None if isolated is None else self._received(chunk, isolated)
 
@@ -349,7 +348,7 @@ class DecodePool:
         self._in_flight = 0
         self._ex = None
         if self.board is not None:
-            shutil.rmtree(self.board, ignore_errors=True)
+            self.board.close()
             self.board = None
         if self.slots is not None:
             self.slots.close()

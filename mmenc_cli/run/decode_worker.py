@@ -12,9 +12,7 @@ drives them is `decode_pool.py`.
 from __future__ import annotations
 
 import os
-import struct
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -29,6 +27,7 @@ from ..media.audio import decode_audio
 from ..media.decode import decode_image, device_jpeg
 from ..media.sources import guard
 from ..media.video import decode_frames
+from .board import BoardWriter
 from .shm import Slot, SlotWriter
 
 _STATE: dict[str, Any] = {}
@@ -58,7 +57,7 @@ class Decoded:
 
 
 def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
-                 slots: tuple[str, int] | None = None, board: str | None = None) -> None:
+                 slots: tuple[str, int] | None = None, board: tuple[str, int] | None = None) -> None:
     import importlib
     import signal
     import threading
@@ -72,8 +71,7 @@ def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
     _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
     if board is not None:
         try:
-            _STATE["board"] = os.open(os.path.join(board, str(os.getpid())), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                                      0o600)
+            _STATE["board"] = BoardWriter(*board)
         except OSError:  # the board gone (the pool closing): a timeout is then found by retrying the item alone
             pass
     if preprocessors.image is not None and preprocessors.image.imports_torch():
@@ -189,7 +187,7 @@ def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: 
     """In a worker: each item under its deadline; an image's uint8 pixels into its shared-memory
     slot when it has one, a video clip's frames into theirs (a tuple of slots per clip). faulthandler's watchdog is a C thread, so it ends the process even when
     a library call hangs holding the GIL; the pool then isolates the item. With a `token`, the
-    worker's record on the board names the item it is on (`timed_out` reads it)."""
+    board holds the item the worker is on (`board.Board.timed_out` reads it)."""
     import faulthandler
 
     pre, media, slots = _STATE["pre"], _STATE["media"], _STATE.get("slots")
@@ -213,41 +211,11 @@ def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: 
     return out
 
 
-#: a worker's record of the item it is on: the chunk's token, the item's index in the chunk, when
-#: it started (time.monotonic(): one clock for every process of the machine) and its deadline
-_RECORD = struct.Struct("<qqdd")
-
-
 def _record(token: int, *fields: Any) -> None:
-    """Overwrite this worker's record on the board (kept only for chunks with a token)."""
+    """Overwrite the board's record of chunk `token` (kept only for chunks with a token)."""
     board = _STATE.get("board")
     if board is not None and token:
-        os.pwrite(board, _RECORD.pack(*fields), 0)
-
-
-def make_board() -> str:
-    """A folder for the workers' records (one small file per worker process, in memory where
-    /dev/shm is); the pool removes it when it closes."""
-    where = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return tempfile.mkdtemp(prefix="mmenc-decode-", dir=where)
-
-
-def timed_out(board: str, token: int, ended: float) -> set[int]:
-    """The items of chunk `token` that ran past their deadline: the record of a worker that died on
-    the chunk names the item it was on, and one that had run its whole deadline by `ended` (when the
-    pool broke) was ended by its watchdog, not killed with the pool."""
-    found = set()
-    for name in os.listdir(board):
-        try:
-            with open(os.path.join(board, name), "rb") as fh:
-                raw = fh.read(_RECORD.size)
-        except OSError:  # a worker's file being created: it holds no record of this chunk
-            continue
-        if len(raw) == _RECORD.size:
-            chunk, index, started, deadline = _RECORD.unpack(raw)
-            if chunk == token and ended - started >= deadline:
-                found.add(index)
-    return found
+        board.write(token, *fields)
 
 
 def _to_slot(slots: SlotWriter, index: int | None, frame: ImageInput) -> Slot | None:

@@ -107,13 +107,13 @@ class SlotWriter:
         if pixels.dtype != np.uint8 or pixels.nbytes > self.slot_bytes:
             return None
         if self._shm is None:
-            self._shm = _attach(self.name)
+            self._shm = attach(self.name)
         dest = np.ndarray(pixels.shape, dtype=np.uint8, buffer=self._shm.buf, offset=index * self.slot_bytes)
         dest[...] = pixels
         return Slot(index, tuple(pixels.shape))
 
 
-def _attach(name: str) -> Any:
+def attach(name: str) -> Any:
     """Open the encode process's segment. Before Python 3.13 this registers it with the resource
     tracker, which a forkserver worker shares with the encode process (its fd is passed on): one
     entry, removed by the owner's unlink, so the worker never unlinks it on exit."""

@@ -67,7 +67,9 @@ class Stages:
             asked = set(self.run.modalities)
             sizes = {"image": batch.batch_size, "audio": batch.batch_size, "video": max(1, batch.batch_size // frames)}
             self.media = MediaFeed(make_pool, sizes, batch.max_batch_tokens, self.run.counters, self.run.failures,
-                                   stage, device_decode=device_decoder(self.cfg, encoder) if "image" in asked else None)
+                                   stage, device_decode=device_decoder(self.cfg, encoder) if "image" in asked else None,
+                                   max_bytes=batch.max_inflight_bytes,
+                                   chunk_bytes=max(1, batch.max_inflight_bytes // (2 * max(1, workers))))
         return self.media
 
     def _preprocessors(self, encoder: "Encoder", frames: int) -> Preprocessors:

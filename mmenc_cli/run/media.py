@@ -96,6 +96,8 @@ class MediaFeed:
             self.pool = self.make_pool()
         size = inline_bytes(item.source)
         self._make_room(size)
+        if self.waiting_bytes[item.modality] and self.waiting_bytes[item.modality] + size > self.chunk_bytes:
+            self._submit(item.modality)  # a chunk stays within its share: a worker holds its chunk whole
         chunk = self.chunks[item.modality]
         chunk.append(item)
         self.waiting_bytes[item.modality] += size

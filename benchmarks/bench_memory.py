@@ -188,13 +188,13 @@ def tar_members(args: argparse.Namespace) -> None:
                 lambda r: r.others, retries=0)
         assert r.items == n, f"expected {n} images encoded, got {r.items}"
         peaks.append((r.peak_rss / 2**20, pss.peak / 2**20))
-        print(f"  {n:>5} x {mb:5.1f} MB ({n * size / 2**30:5.2f} GiB of members): peak RSS {peaks[-1][0]:7.1f} MiB "
+        print(f"  {n:>5} x {mb:>5g} MB ({n * size / 2**30:5.2f} GiB of members): peak RSS {peaks[-1][0]:7.1f} MiB "
               f"({peaks[-1][0] / peaks[0][0]:.2f}x the first), peak PSS {peaks[-1][1]:7.1f} MiB, "
               f"wall {r.wall:6.1f} s; {note}", flush=True)
     print(f"\npeak summed RSS / PSS (encode process + forkserver + decode workers), RSS ratio to "
-          f"{pairs[0][0]} x {pairs[0][1]} MB:")
+          f"{pairs[0][0]} x {pairs[0][1]:g} MB:")
     for (n, mb), (rss, pss_mib) in zip(pairs, peaks):
-        print(f"  {n:>5} x {mb:5.1f} MB: RSS {rss:7.1f} MiB  {rss / peaks[0][0]:.2f}x   PSS {pss_mib:7.1f} MiB")
+        print(f"  {n:>5} x {mb:>5g} MB: RSS {rss:7.1f} MiB  {rss / peaks[0][0]:.2f}x   PSS {pss_mib:7.1f} MiB")
 
 
 class PssPeak:

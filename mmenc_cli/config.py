@@ -21,6 +21,8 @@ CPU_FORWARDS = ("auto", "plain", "onednn")
 #: a manifest line (or CSV record) larger than this is one 413 error row, read past, never loaded
 DEFAULT_MAX_ROW_BYTES = 32 * 1024 * 1024
 RESERVED_COLUMNS = frozenset({"id", "modality", "embedding"})
+#: undecoded inline bytes (tar members, Parquet image bytes) waiting for or in the decode workers (--max-inflight-bytes)
+DEFAULT_MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -161,13 +163,15 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """Micro-batching: batch size, token budget, workers and prefetch."""
+    """Micro-batching: batch size, token budget, workers and prefetch (by count, and by the
+    undecoded inline bytes in flight: `max_inflight_bytes`)."""
 
     batch_size: int = 32
     max_batch_tokens: int | None = None
     workers: int | None = None  # None: a default from the CPU count
     prefetch_batches: int = 4
     grow_after: int = 8  # successes at a halved batch size before growing it back
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -176,6 +180,8 @@ class BatchConfig:
             raise ConfigError("--workers must be >= 0")
         if self.prefetch_batches <= 0:
             raise ConfigError("prefetch must be > 0")
+        if self.max_inflight_bytes <= 0:
+            raise ConfigError("--max-inflight-bytes must be > 0")
 
     def workers_per_device(self, devices: int = 1) -> int:
         """Decode worker processes of one device process: `--workers` (0: decode in-process), by

@@ -76,10 +76,24 @@ class NotDownloaded:
     message: str | None = None
 
 
+class Released(str):
+    """What a row holds for a medium once its inline bytes were left to the item that encodes them:
+    what the error report shows for them (`<N bytes inline>`), never a source to load."""
+
+    __slots__ = ()
+
+
 @dataclass(slots=True)
 class Item:
-    """One (row, modality) to encode; `cut`: its text was cut before tokenizing (counted as truncated)."""
+    """One (row, modality) to encode; `cut`: its text was cut before tokenizing (counted as truncated).
+
+    `source` is what a medium is loaded from (path, URL or inline bytes) until the item is sent to
+    the decode workers, then None; `row` holds no inline bytes (`Released` in their place), so what
+    waits for its batch and its shard never keeps a payload alive (memory bounded by items in
+    flight, not by the shard size).
+    """
 
     row: ManifestRow
     modality: str
     cut: bool = False
+    source: str | bytes | None = None

@@ -11,7 +11,7 @@ from typing import Annotated, Any, List, Optional
 
 import typer
 
-from ..config import DEFAULT_MAX_BYTES
+from ..config import DEFAULT_MAX_BYTES, DEFAULT_MAX_INFLIGHT_BYTES
 from ..errors import ExitCode
 from ..run.stopping import request_stop
 from .exits import fail, fatal_errors
@@ -98,7 +98,7 @@ def build_config(o: dict[str, Any]) -> Any:
         media=MediaConfig(**pick("max_image_pixels", "max_file_bytes", "fetch_timeout", "fetch_retries",
                                  "decode_timeout", "decode", "max_audio_bytes", "max_video_bytes",
                                  "max_audio_seconds", "max_video_seconds", "frames", "fps")),
-        batch=BatchConfig(**pick("batch_size", "max_batch_tokens", "workers")),
+        batch=BatchConfig(**pick("batch_size", "max_batch_tokens", "workers", "max_inflight_bytes")),
         modalities=mods, task_index=index, task_count=count,
         **pick("max_errors", "max_error_rate", "fail_fast", "overwrite", "wait_lock"))
 
@@ -152,6 +152,10 @@ def encode(
     workers: Annotated[Optional[int], typer.Option(help="Decode worker processes in all (default: the CPUs this "
                                                         "process may use, less one per device; split between "
                                                         "devices; 0 = in-process).")] = None,
+    max_inflight_bytes: Annotated[int, typer.Option(help="Undecoded inline bytes (tar members, Parquet and Arrow "
+                                                         "image bytes) waiting for or in the decode workers at "
+                                                         "once; a larger item goes alone (paths and URLs count "
+                                                         "0).")] = DEFAULT_MAX_INFLIGHT_BYTES,
     format: Annotated[str, typer.Option("--format", help="parquet or safetensors.")] = "parquet",
     out_dtype: Annotated[Optional[str], typer.Option(help="float32 (default for vectors), float16, bfloat16 (safetensors).")] = None,
     shard_size: Annotated[int, typer.Option(help="Rows per shard.")] = 10_000,

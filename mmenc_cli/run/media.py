@@ -6,18 +6,26 @@ bounded number in flight; what comes back is the item's payload (`ImageInput`, `
 `VideoInput`) or its `MMError`. A batch holds at most its medium's batch size (`--batch-size`; for
 video, that many frames: `--batch-size` // frames clips) and, with `--max-batch-tokens`, at most
 that many tokens (each payload's `meta["tokens"]`; one over the budget goes alone).
+
+Memory is bounded by bytes as well as by count: the items waiting to be sent and those in the
+workers hold at most `--max-inflight-bytes` of undecoded payload (one larger item goes alone).
+Only inline bytes (tar members, Parquet and Arrow image bytes) count: a path's or URL's size is
+not known before a worker loads it. An item's bytes are dropped once sent (`Item.source`), and
+its row never holds them (`released`), so nothing after the decode keeps them.
 """
 
 from __future__ import annotations
 
 import collections
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from ..config import RunConfig
 from ..encoders.base import Encoder, ImageInput
 from ..errors import DeviceError, ModelLoadError, OutputError
-from ..records import Item
+from ..media.sources import describe_source
+from ..records import MEDIA, Item, ManifestRow, Released
 from .counters import Counters
 from .decode_pool import DecodePool
 from .decode_worker import Decoded
@@ -42,18 +50,35 @@ def device_decoder(cfg: RunConfig, encoder: Encoder) -> DeviceDecode | None:
     return decode
 
 
+def inline_bytes(source: object) -> int:
+    """The undecoded bytes an item carries: its inline bytes' length; 0 for a path or URL."""
+    return len(source) if isinstance(source, (bytes, bytearray, memoryview)) else 0
+
+
+def released(row: ManifestRow) -> ManifestRow:
+    """`row` without its inline media bytes, each replaced by what the error report shows for it
+    (`Released`); `row` itself when it has none. Its items carry their own bytes (`Item.source`)."""
+    inline = {m: Released(describe_source(v)) for m in MEDIA if inline_bytes(v := row.value(m))}
+    return replace(row, **inline) if inline else row
+
+
 class MediaFeed:
     """Media items from `add` to `encode(modality, items, payloads)` calls of one batch each, as
     they finish decoding.
 
     Runs on the encode loop's thread; the pool is made on the first item (`make_pool`), so a run
-    without media starts no workers. `batch_sizes`: items per batch of each medium.
+    without media starts no workers. `batch_sizes`: items per batch of each medium. `max_bytes`:
+    the undecoded bytes waiting and in the pool at once; a chunk goes once it holds `chunk_bytes`
+    (a share of them, so every worker gets some).
     """
 
     def __init__(self, make_pool: Callable[[], DecodePool], batch_sizes: dict[str, int], max_batch_tokens: int | None,
                  counters: Counters, failures: FailureSink, encode: Callable[[str, list[Item], list[Any]], None],
-                 device_decode: DeviceDecode | None = None) -> None:
+                 device_decode: DeviceDecode | None = None, max_bytes: int | None = None,
+                 chunk_bytes: int | None = None) -> None:
         self.make_pool, self.batch_sizes, self.max_batch_tokens = make_pool, batch_sizes, max_batch_tokens
+        self.max_bytes = max_bytes if max_bytes is not None else float("inf")
+        self.chunk_bytes = chunk_bytes if chunk_bytes is not None else self.max_bytes
         self.counters, self.failures, self.encode = counters, failures, encode
         self.device_decode = device_decode  # --decode gpu: the batch's JPEGs are decoded on the device
         self.pool: DecodePool | None = None
@@ -61,15 +86,38 @@ class MediaFeed:
         #: decoded, waiting for their batch, per medium
         self.decoded: dict[str, list[tuple[Item, Decoded]]] = collections.defaultdict(list)
         self.in_flight: collections.Counter[str] = collections.Counter()  # in the pool, per medium
+        self.waiting_bytes: collections.Counter[str] = collections.Counter()  # inline bytes of `chunks`
+        self.held_bytes = 0  # inline bytes waiting in `chunks` or in the pool
 
     def add(self, item: Item) -> None:
-        """Accept one media item; a full chunk goes to the pool."""
+        """Accept one media item (first waiting, when the bytes budget is spent, for the pool to
+        return some); a full chunk goes to the pool."""
         if self.pool is None:
             self.pool = self.make_pool()
+        size = inline_bytes(item.source)
+        self._make_room(size)
+        if self.waiting_bytes[item.modality] and self.waiting_bytes[item.modality] + size > self.chunk_bytes:
+            self._submit(item.modality)  # a chunk stays within its share: a worker holds its chunk whole
         chunk = self.chunks[item.modality]
         chunk.append(item)
-        if len(chunk) >= max(1, min(CHUNK, self.batch_sizes[item.modality])):
+        self.waiting_bytes[item.modality] += size
+        self.held_bytes += size
+        if len(chunk) >= max(1, min(CHUNK, self.batch_sizes[item.modality])) \
+                or self.waiting_bytes[item.modality] >= self.chunk_bytes:
             self._submit(item.modality)
+
+    def _make_room(self, size: int) -> None:
+        """Collect decodes until `size` more bytes fit the budget (an item larger than the whole
+        budget waits for an empty pool and goes alone); a stop request ends the wait."""
+        assert self.pool is not None
+        while size and self.held_bytes and self.held_bytes + size > self.max_bytes:
+            for modality in list(self.chunks):  # what waits goes: the pool then holds every byte counted
+                self._submit(modality)
+            done = next(self.pool.drain(), None)
+            if done is None:  # stopping, or nothing in flight
+                return
+            self._collect(*done)
+            self._encode_ready(final=False)
 
     def pump(self) -> None:
         """Collect finished decodes (blocking only when the pool is full); encode full batches."""
@@ -106,6 +154,8 @@ class MediaFeed:
         self.chunks.clear()
         self.decoded.clear()
         self.in_flight.clear()
+        self.waiting_bytes.clear()
+        self.held_bytes = 0
         self.close(kill=True)
         return dict(dropped)
 
@@ -115,16 +165,28 @@ class MediaFeed:
             self.pool.close(kill=kill)
 
     def _submit(self, modality: str, items: list[Item] | None = None, cpu_only: bool = False) -> None:
+        """Send a chunk (the one waiting, or `items`, not counted yet) to the pool; its items keep
+        no source: the pool holds it until their results come back."""
         chunk = items if items is not None else self.chunks.pop(modality, [])
-        if chunk:
-            assert self.pool is not None
-            self.pool.submit(chunk, [(it.row.value(modality), it.row.base_dir) for it in chunk],  # type: ignore[misc]
-                             cpu_only=cpu_only, modality=modality)
-            self.in_flight[modality] += len(chunk)
+        if not chunk:
+            return
+        assert self.pool is not None
+        sources = [(it.source, it.row.base_dir) for it in chunk]
+        nbytes = sum(inline_bytes(src) for src, _ in sources)
+        if items is None:
+            self.waiting_bytes.pop(modality, None)
+        else:
+            self.held_bytes += nbytes
+        for it in chunk:
+            it.source = None
+        self.pool.submit((chunk, nbytes), sources, cpu_only=cpu_only, modality=modality)  # type: ignore[arg-type]
+        self.in_flight[modality] += len(chunk)
 
-    def _collect(self, chunk: list[Item], results: list[Decoded] | None) -> None:
+    def _collect(self, key: tuple[list[Item], int], results: list[Decoded] | None) -> None:
+        chunk, nbytes = key
         modality = chunk[0].modality
         self.in_flight[modality] -= len(chunk)
+        self.held_bytes -= nbytes
         if results is None:  # the pool died while the run is stopping: neither written nor errored
             self.counters.add(modality, "not_attempted", len(chunk))
             return
@@ -165,7 +227,8 @@ class MediaFeed:
         self.counters.add_seconds("device_decode", time.perf_counter() - t0)
         kept, refused = [], []
         for (item, dec), value in zip(batch, values):
-            if value is None:
+            if value is None:  # its JPEG's bytes go back (the item keeps no source): never fetched twice
+                item.source = dec.value.pixels.tobytes()  # type: ignore[union-attr]
                 refused.append(item)
             else:
                 dec.value = value

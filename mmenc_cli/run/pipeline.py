@@ -36,6 +36,7 @@ from .counters import Counters, RunResult, threshold_exceeded
 from .decode_pool import start_forkserver, workers_start_early
 from .devices import run_devices
 from .failures import FailureSink
+from .media import released
 from .metadata import decode_mode, fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
 from .resume import History, check_commit, check_output, load_history, open_output
 from .stages import Stages
@@ -257,6 +258,7 @@ class EncodeRun:
     def _request(self, rec: ManifestRow, modalities: tuple[str, ...], history: History, stages: "Stages") -> None:
         """Count one valid row's items and hand those not settled earlier to their feeds."""
         present = 0
+        row = released(rec)  # each item carries its own inline bytes, dropped once sent to decode
         if self.unasked_video and rec.video is not None:
             self.unasked_video = False  # said once
             log.warning("rows hold video clips, which this run does not encode: pass --modality %s,video "
@@ -272,7 +274,7 @@ class EncodeRun:
             elif id_hash(rec.id, modality, rec.manifest) in history.failed:
                 self.counters.add(modality, "failed_before")
             else:
-                stages.add(Item(rec, modality))
+                stages.add(Item(row, modality, source=rec.value(modality)))
         if not present:
             self.counters.add_row("rows_skipped")
 

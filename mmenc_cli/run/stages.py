@@ -66,8 +66,12 @@ class Stages:
             assert self.run.failures is not None
             asked = set(self.run.modalities)
             sizes = {"image": batch.batch_size, "audio": batch.batch_size, "video": max(1, batch.batch_size // frames)}
+            # a worker holds its chunk whole, and so does the chunk's pickled copy on its way there:
+            # chunks of large members are cut at a quarter of a worker's share of the bytes budget
+            chunk_bytes = max(1, batch.max_inflight_bytes // (4 * max(1, workers)))
             self.media = MediaFeed(make_pool, sizes, batch.max_batch_tokens, self.run.counters, self.run.failures,
-                                   stage, device_decode=device_decoder(self.cfg, encoder) if "image" in asked else None)
+                                   stage, device_decode=device_decoder(self.cfg, encoder) if "image" in asked else None,
+                                   max_bytes=batch.max_inflight_bytes, chunk_bytes=chunk_bytes)
         return self.media
 
     def _preprocessors(self, encoder: "Encoder", frames: int) -> Preprocessors:

@@ -89,6 +89,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write bytes to a temp name beside `path`, fsync, rename, fsync the folder: readers see the
+    old file or the new one, never part of one; the temp file is removed on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temp name beside `path`, fsync, rename: readers see old or new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +185,10 @@ class OutDir:
         """Where Slurm array tasks log by default."""
         return self.meta / "logs"
 
+    def keys_path(self, shard: str) -> Path:
+        """The key file of a shard (`keyindex.py`): its (id, modality) hashes and sources."""
+        return self.meta / "keys" / (Path(shard).stem + ".keys")
+
     def index_path(self, shard: str) -> Path:
         """The Parquet index of a token shard (ids, grids, sizes, kept fields)."""
         return _side_file(self.meta / "index", shard)
@@ -192,7 +213,7 @@ class OutDir:
     def prepare(self) -> None:
         """Create OUT and its `_mmenc` folders; fail with OutputError when not writable."""
         try:
-            for sub in ("tasks", "errors", "sidecars", "index", "locks", "tmp"):
+            for sub in ("tasks", "errors", "sidecars", "index", "keys", "locks", "tmp"):
                 (self.meta / sub).mkdir(parents=True, exist_ok=True)
             probe = self.meta / "tmp" / f".probe-{os.getpid()}"
             probe.write_bytes(b"")
@@ -224,11 +245,14 @@ class OutDir:
             for path in (self.meta / "tmp").glob(f".{prefix}part-t{task:05d}-*"):
                 path.unlink(missing_ok=True)
                 removed += 1
-        for folder in ("sidecars", "index"):  # safetensors sidecars, token-shard indexes
-            for side in (self.meta / folder).glob(f"part-t{task:05d}-*.p*"):
+        for folder in ("sidecars", "index", "keys"):  # safetensors sidecars, token-shard indexes, key files
+            for side in (self.meta / folder).glob(f"part-t{task:05d}-*.*"):
                 if not any((self.root / (side.stem + ext)).exists() for ext in SHARD_EXTS):
                     side.unlink(missing_ok=True)  # written for a shard whose rename never happened
                     removed += 1
+            for tmp in (self.meta / folder).glob(f".part-t{task:05d}-*.tmp"):  # a write killed half-way
+                tmp.unlink(missing_ok=True)
+                removed += 1
         return removed
 
     # ---- shards -------------------------------------------------------------------------
@@ -304,22 +328,30 @@ def iter_shard_keys(out: OutDir, damaged: list[str] | None = None) -> Iterator[t
     """Yield (shard, ids, modalities) of every committed shard, reading only those columns. A
     shard that cannot be read (truncated, foreign) raises `OutputError` naming it, or with
     `damaged` given is named there and skipped."""
+    for shard in out.shards():
+        found = shard_keys(out, shard, damaged)
+        if found is not None:
+            yield shard, *found
+
+
+def shard_keys(out: OutDir, shard: Path, damaged: list[str] | None = None) -> tuple[list[str], list[str]] | None:
+    """(ids, modalities) of one committed shard, from its own columns (or its sidecar or index);
+    a shard that cannot be read raises `OutputError`, or with `damaged` is named there (None)."""
     import pyarrow.parquet as pq
 
-    for shard in out.shards():
-        source = shard if shard.suffix == ".parquet" else out.sidecar_path(shard.name)
-        index = out.index_path(shard.name)  # token shards (writers/tokens.py)
-        if shard.suffix != ".parquet" and index.exists():
-            source = index
-        try:
-            table = pq.read_table(source, columns=["id", "modality"])
-        except Exception as exc:  # pyarrow raises several types for a damaged or foreign file
-            problem = damaged_shard(shard, exc)
-            if damaged is None:
-                raise OutputError(problem) from None
-            damaged.append(problem)
-            continue
-        yield shard, table.column("id").to_pylist(), table.column("modality").to_pylist()
+    source = shard if shard.suffix == ".parquet" else out.sidecar_path(shard.name)
+    index = out.index_path(shard.name)  # token shards (writers/tokens.py)
+    if shard.suffix != ".parquet" and index.exists():
+        source = index
+    try:
+        table = pq.read_table(source, columns=["id", "modality"])
+    except Exception as exc:  # pyarrow raises several types for a damaged or foreign file
+        problem = damaged_shard(shard, exc)
+        if damaged is None:
+            raise OutputError(problem) from None
+        damaged.append(problem)
+        return None
+    return table.column("id").to_pylist(), table.column("modality").to_pylist()
 
 
 def damaged_shard(shard: Path, exc: BaseException) -> str:

@@ -118,6 +118,7 @@ class InspectReport:
     format: str | None = None
     shards: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    duplicates: Any = None  # `status.Duplicates`: ids or items committed twice (exit 4)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -172,6 +173,9 @@ def inspect_output(out: str | Path) -> InspectReport:
         parsed = parse_shard_name(shard.name)
         entry["task"] = parsed.task if parsed else None
         report.shards.append(entry)
+    from .status import find_duplicates
+
+    report.duplicates = find_duplicates(od, [])  # damaged shards are named above
     return report
 
 

@@ -1,8 +1,8 @@
 """`mmenc status OUT`: per task done or not, items encoded, errors, duplicates, what to re-run.
 
 Read-only and torch-free. Sources: the task metadata (`_mmenc/tasks/*.json`, one per task, or per
-task and worker), the committed shards (the task number is in the shard name; the `id` and
-`modality` columns are read), the error reports (latest outcome per item) and the task locks.
+task and worker), the committed shards' key files (the task number is in the shard name), the
+error reports (latest outcome per item) and the task locks.
 
 A task needs a re-run when it has no metadata (never started, or its first run died before
 writing any), ended 'interrupted' or 'stopped', ended over the error threshold, ran with another
@@ -15,9 +15,9 @@ Problems: a shard a task's log lists as committed that is gone, a shard that can
 damaged `run.json` or task file, an error-report line that is not a row. Each is named with what
 to do, and makes the status not ok (exit 4): it never says "all done" over them.
 
-Duplicates: (id, modality) pairs present in shards of more than one task. Each task's keys become
-a sorted array of 64-bit hashes (8 bytes a row); shards are read a second time, for a few example
-ids, only when there are duplicates.
+Duplicates: (id, modality) pairs present in shards of more than one task, or twice in one, and ids
+committed from more than one row. Everything is read from the shards' key files (`keyindex.py`),
+never the shards; shards are read, for a few example ids, only when there are duplicates.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import numpy as np
 from .errors import OutputError
 from .idset import hash_many
 from .locks import TaskLock
+from .keyindex import UNKNOWN, iter_key_rows
 from .outdir import OutDir, iter_shard_keys, parse_shard_name, read_json
 from .damage import missing_shard_problems, run_meta_problem, task_meta_problems
 
@@ -56,11 +57,17 @@ class TaskStatus:
 
 @dataclass
 class Duplicates:
-    """(id, modality) pairs found in shards of several tasks (`within_task`: repeated inside one task)."""
+    """(id, modality) pairs found in shards of several tasks (`within_task`: repeated inside one
+    task); `ids`: ids committed from more than one row (two rows of one id, encoded by tasks that
+    ran at the same time and could not see each other's shards)."""
 
     count: int = 0
     within_task: int = 0
     examples: list[dict[str, Any]] = field(default_factory=list)
+    ids: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.count or self.within_task or self.ids)
 
 
 @dataclass
@@ -78,8 +85,7 @@ class StatusReport:
     @property
     def ok(self) -> bool:
         """All tasks done, no problems and no duplicates: exit code 0."""
-        return (self.all_done and not self.problems and not self.duplicates.count
-                and not self.duplicates.within_task)
+        return self.all_done and not self.problems and not self.duplicates
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -113,36 +119,48 @@ def _task_count(od: OutDir, metas: dict[int, list[tuple[int, float, dict[str, An
     return int((run.get("config") or {}).get("task_count") or 1)
 
 
-def _scan_shards(od: OutDir, problems: list[str]) -> tuple[Counter[int], dict[int, np.ndarray], int]:
-    """Embeddings per task, each task's sorted unique key hashes, and rows repeated within a task."""
+def _scan_shards(od: OutDir, problems: list[str]) -> tuple[Counter[int], dict[int, np.ndarray], int, int]:
+    """From the shards' key files: embeddings per task, each task's sorted unique (id, modality)
+    hashes, rows repeated within a task, and ids committed from more than one row."""
     encoded: Counter[int] = Counter()
     parts: dict[int, list[np.ndarray]] = defaultdict(list)
-    for shard, ids, mods in iter_shard_keys(od, damaged=problems):
+    sources: list[np.ndarray] = []
+    for shard, _path, rows in iter_key_rows(od, damaged=problems):
         parsed = parse_shard_name(shard.name)
         task = parsed.task if parsed else -1
-        encoded[task] += len(ids)
-        parts[task].append(hash_many(ids, mods))
+        encoded[task] += rows.size
+        parts[task].append(rows["item"])
+        sources.append(rows[["id", "src"]])
     keys, within = {}, 0
     for task, arrays in parts.items():
         raw = np.concatenate(arrays) if arrays else np.zeros(0, np.uint64)
         keys[task] = np.unique(raw)
         within += int(raw.size - keys[task].size)
-    return encoded, keys, within
+    every = np.concatenate(sources) if sources else np.zeros(0, [("id", "<u8"), ("src", "<u8")])
+    pairs = np.unique(every[every["src"] != UNKNOWN])
+    ids = int(np.unique(pairs["id"][1:][pairs["id"][1:] == pairs["id"][:-1]]).size) if pairs.size > 1 else 0
+    return encoded, keys, within, ids
 
 
-def _duplicates(od: OutDir, keys: dict[int, np.ndarray], within: int, examples: int) -> Duplicates:
+def find_duplicates(od: OutDir, problems: list[str], examples: int = 5) -> Duplicates:
+    """Every kind of duplicate in an output, with a few example ids (for `status` and `inspect`)."""
+    _, keys, within, ids = _scan_shards(od, problems)
+    return _duplicates(od, keys, within, ids, examples)
+
+
+def _duplicates(od: OutDir, keys: dict[int, np.ndarray], within: int, ids: int, examples: int) -> Duplicates:
     """Count keys present in several tasks; look up a few example ids."""
     every = np.sort(np.concatenate(list(keys.values()))) if keys else np.zeros(0, np.uint64)
     dup = np.unique(every[1:][every[1:] == every[:-1]]) if every.size > 1 else every[:0]
-    result = Duplicates(count=int(dup.size), within_task=within)
+    result = Duplicates(count=int(dup.size), within_task=within, ids=ids)
     if dup.size and examples:
         wanted = dup[:examples]
         found: dict[int, dict[str, Any]] = {}
-        for shard, ids, mods in iter_shard_keys(od, damaged=[]):  # damaged ones are named already
-            hashes = hash_many(ids, mods)
+        for shard, ids_, mods in iter_shard_keys(od, damaged=[]):  # damaged ones are named already
+            hashes = hash_many(ids_, mods)
             parsed = parse_shard_name(shard.name)
             for i in np.flatnonzero(np.isin(hashes, wanted)):
-                entry = found.setdefault(int(hashes[i]), {"id": ids[i], "modality": mods[i], "tasks": []})
+                entry = found.setdefault(int(hashes[i]), {"id": ids_[i], "modality": mods[i], "tasks": []})
                 if parsed and parsed.task not in entry["tasks"]:
                     entry["tasks"].append(parsed.task)
         result.examples = [found[int(h)] for h in wanted if int(h) in found]
@@ -202,7 +220,7 @@ def collect_status(out: str | Path, examples: int = 5) -> StatusReport:
     problems = [p for p in [run_meta_problem(od)] if p]
     metas = _metas(od, problems)
     task_count = _task_count(od, metas)
-    encoded, keys, within = _scan_shards(od, problems)
+    encoded, keys, within, ids = _scan_shards(od, problems)
     errors = _errors_by_task(od, problems)
     gone = _missing_by_task(od, problems)
     tasks = []
@@ -215,7 +233,7 @@ def collect_status(out: str | Path, examples: int = 5) -> StatusReport:
     current = [ts for ts in tasks if ts.task < task_count]
     all_done = not problems and all(ts.state == DONE and not ts.needs_rerun and not ts.running for ts in current)
     return StatusReport(out=str(od.root), task_count=task_count, tasks=tasks,
-                        duplicates=_duplicates(od, keys, within, examples), all_done=all_done,
+                        duplicates=_duplicates(od, keys, within, ids, examples), all_done=all_done,
                         rerun=[ts.task for ts in tasks if ts.needs_rerun], problems=problems)
 
 

@@ -59,7 +59,7 @@ def test_all_done(out: Path) -> None:
     code, s = status_json(out)
     assert code == 0
     assert s["all_done"] is True and s["rerun"] == [] and s["task_count"] == TASKS
-    assert s["duplicates"] == {"count": 0, "within_task": 0, "examples": []}
+    assert s["duplicates"] == {"count": 0, "within_task": 0, "examples": [], "ids": 0}
     assert [t["task"] for t in s["tasks"]] == [0, 1, 2]
     assert all(t["state"] == "done" and not t["needs_rerun"] and not t["running"] and t["host"] and t["updated"]
                for t in s["tasks"])

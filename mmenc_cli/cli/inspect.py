@@ -9,11 +9,12 @@ import typer
 from ..errors import ExitCode
 from .exits import fatal_errors
 from .options import JsonOpt, OutArg
-from .render import echo_err, print_inspect
+from .render import duplicates_line, echo_err, print_inspect
 
 
 def inspect(out: OutArg, json_out: JsonOpt = False) -> None:
-    """Count embeddings per modality, show dim, dtype, model and shards; check every shard (exit 3 on a problem)."""
+    """Count embeddings per modality, show dim, dtype, model and shards; check every shard (exit 3 on a
+    problem, 4 on ids or items encoded twice)."""
     from ..reader import inspect_output
 
     with fatal_errors():
@@ -24,5 +25,9 @@ def inspect(out: OutArg, json_out: JsonOpt = False) -> None:
         print_inspect(str(out), report)
     for p in report.problems:
         echo_err(f"mmenc: problem: {p}")
+    if report.duplicates:
+        echo_err(f"mmenc: duplicates: {duplicates_line(report.duplicates)}")
     if report.problems:
         raise typer.Exit(ExitCode.SETUP)
+    if report.duplicates:
+        raise typer.Exit(ExitCode.THRESHOLD)

@@ -204,14 +204,19 @@ def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
                       "[red]yes[/]" if t.needs_rerun else "", updated, escape(t.host or ""), escape(t.reason or ""))
     con.print(table)
     d = r.duplicates
-    if d.count or d.within_task:
-        ex = printable(", ".join(f"{e['id']!r}/{e['modality']} in tasks {e['tasks']}" for e in d.examples))
-        con.print(f"[red]duplicates[/]: {d.count} (id, modality) pairs in several tasks, {d.within_task} repeated "
-                  f"within a task" + (f"; e.g. {escape(ex)}" if ex else ""), soft_wrap=True)
+    if d:
+        con.print(f"[red]duplicates[/]: {escape(duplicates_line(d))}", soft_wrap=True)
     if r.all_done:
         con.print("[green]all tasks done[/]")
     if rerun_hint:
         con.print(escape(rerun_hint), soft_wrap=True)
+
+
+def duplicates_line(d: Any) -> str:
+    """What `status` and `inspect` say of an output's duplicates (`status.Duplicates`)."""
+    ex = printable(", ".join(f"{e['id']!r}/{e['modality']} in tasks {e['tasks']}" for e in d.examples))
+    return (f"{d.count} (id, modality) pairs in several tasks, {d.within_task} repeated within a task, "
+            f"{d.ids} ids encoded from more than one row" + (f"; e.g. {ex}" if ex else ""))
 
 
 def echo_err(text: str) -> None:

@@ -1,7 +1,7 @@
 """The shard committer: encoded items gathered into shards, written on a background thread.
 
-Writing a shard (Parquet encoding, fsync, rename) runs off the encode loop, in order, with at most
-two shards queued. The writer thread never touches the run's counters: each shard's outcome
+Writing a shard (its key file, then the shard: Parquet encoding, fsync, rename) runs off the
+encode loop, in order, with at most two shards queued. The writer thread never touches the run's counters: each shard's outcome
 (`ShardOutcome`: seconds, and the exception when the write failed) goes back to the encode loop,
 which collects it with `outcomes()` and counts it. A write that fails with an `OSError` (disk full,
 read-only, permission denied) is a fault of the output, not of the shard's items: the committer
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import OutputError
+from ..keyindex import key_rows, write_keys
 from ..outdir import OutDir, shard_name
 from ..records import ManifestRow
 from ..shardlog import log_commit
@@ -114,6 +115,8 @@ class ShardCommitter:
             return ShardOutcome(name, shard, 0.0, self.broken.error, fault=True)
         t0 = time.perf_counter()
         try:
+            write_keys(self.out, name, *key_rows(shard.ids, shard.modalities,
+                                                [(r.manifest, r.locator, r.offset) for r in shard.refs]))
             self.writer.write(shard, name)
         except OSError as exc:  # disk full, read-only, gone: the run ends, the items wait for a re-run
             self.broken = ShardOutcome(name, shard, time.perf_counter() - t0, exc, fault=True)

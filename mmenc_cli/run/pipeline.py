@@ -235,10 +235,8 @@ class EncodeRun:
                     self.counters.add_row("not_downloaded")
                 elif isinstance(rec, InvalidRow):
                     self._invalid(rec, history)
-                elif not seen.add(id_hash(rec.id)):
-                    self._invalid(InvalidRow(rec.manifest, rec.line, rec.offset, id=rec.id, key=rec.key, error=MMError(
-                        f"id {rec.id!r} is already used by an earlier row of this run",
-                        stage="validate", reason="manifest.duplicate_id")), history)
+                elif (duplicate := self._duplicate(rec, seen, history, modalities)) is not None:
+                    self._invalid(duplicate, history)
                 else:
                     if id_hash(rec.manifest, rec.locator) in history.invalid:  # repaired since
                         self.failures.resolve_line(rec)  # type: ignore[union-attr]
@@ -254,6 +252,23 @@ class EncodeRun:
         except BaseException:
             stages.abort()
             raise
+
+    def _duplicate(self, rec: ManifestRow, seen: HashSet64, history: History,
+                   modalities: tuple[str, ...]) -> InvalidRow | None:
+        """A 409 row when `rec`'s id is taken: by an earlier row of this run, or committed from
+        another row (another task's, or an earlier run's with another input) unless `rec` only
+        retries items of that id that failed and are not encoded (a row `errors retry` wrote)."""
+        if not seen.add(id_hash(rec.id)):
+            where = "an earlier row of this run"
+        elif not len(history.committed) or (where := history.duplicate_of(rec, self.cfg.manifest)) is None:
+            return None
+        elif history.retries(rec, modalities):
+            return None
+        else:
+            where = f"the row at {where}"
+        return InvalidRow(rec.manifest, rec.line, rec.offset, id=rec.id, key=rec.key, error=MMError(
+            f"id {rec.id!r} is already used in this output by {where}: ids must be unique within an output",
+            stage="validate", reason="manifest.duplicate_id"))
 
     def _request(self, rec: ManifestRow, modalities: tuple[str, ...], history: History, stages: "Stages") -> None:
         """Count one valid row's items and hand those not settled earlier to their feeds."""

@@ -1,9 +1,11 @@
 """Resume: whether this run may continue the output, and what earlier runs already settled.
 
 A run continues an output only with the same fingerprint (`check_output`); it then skips the
-items in committed shards (done), the items that failed permanently before (anything but 503/504,
-until `mmenc errors retry` asks again) and the manifest lines that were invalid before. All three
-are kept as 64-bit hashes (`idset.HashSet64`), about 8 bytes an item, never an object per row.
+items in committed shards (done, read from the shards' key files, never the shards), the items
+that failed permanently before (anything but 503/504, until `mmenc errors retry` asks again) and
+the manifest lines that were invalid before; and it refuses an id committed from another row (a
+duplicate across tasks or runs). All are kept as 64-bit hashes (`idset.HashSet64`,
+`keyindex.CommittedKeys`): under 30 bytes an item, never an object per row.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig
+from ..config import ManifestConfig, RunConfig
 from ..errors import OutputError
 from ..idset import AttemptCounts, HashSet64, id_hash
 from ..locks import TaskLock
-from ..outdir import OutDir, iter_shard_keys
+from ..keyindex import CommittedKeys, load_committed
+from ..outdir import OutDir
+from ..records import ManifestRow
 from ..report import iter_error_records, row_locator
 from .metadata import fingerprint_diff, version_changes
 
@@ -32,17 +36,41 @@ RETRYABLE_CODES = frozenset({503, 504})
 class History:
     """What earlier runs of this output settled, as hashes."""
 
-    done: HashSet64 = field(default_factory=HashSet64)  # (id, modality) in committed shards
+    committed: CommittedKeys = field(default_factory=CommittedKeys)  # the committed shards' keys and sources
     failed: HashSet64 = field(default_factory=HashSet64)  # (id, modality, manifest) failed permanently
     invalid: HashSet64 = field(default_factory=HashSet64)  # (manifest, offset) of invalid lines
     attempts: AttemptCounts = field(default_factory=AttemptCounts)  # (id, modality) -> attempts so far
 
+    @property
+    def done(self) -> HashSet64:
+        """(id, modality) in committed shards."""
+        return self.committed.done
+
+    def duplicate_of(self, row: ManifestRow, cfg: ManifestConfig) -> str | None:
+        """Where `row`'s id was committed from, when that is another row: another task's or an
+        earlier run's (a 409). A row of a text manifest that moved (the manifest edited in place,
+        so its offset changed) is no duplicate: the committed row's offset is read again, and only
+        when it still holds this id are there two rows of it."""
+        found = self.committed.other_source(row.id, id_hash(row.manifest, row.locator))
+        if found is None:
+            return None
+        manifest, offset, shard = self.committed.origin(*found)
+        if manifest is None:
+            return f"shard {shard}"
+        if offset >= 0 and not _holds(manifest, offset, row.id, cfg):
+            return None
+        return f"{manifest} at offset {offset} (shard {shard})" if offset >= 0 else f"{manifest} (shard {shard})"
+
+    def retries(self, row: ManifestRow, modalities: tuple[str, ...]) -> bool:
+        """Whether every item `row` asks for failed before and is not encoded: a retry of those
+        items (its id may be committed from another row for its other modalities)."""
+        asked = [id_hash(row.id, m) for m in modalities if row.value(m) is not None]
+        return bool(asked) and all(self.attempts.get(h) > 0 and h not in self.done for h in asked)
+
 
 def load_history(out: OutDir) -> History:
-    """Read the committed shards' keys and the error reports of every task."""
-    parts = [np.fromiter((id_hash(i, m) for i, m in zip(ids, mods)), dtype=np.uint64, count=len(ids))
-             for _shard, ids, mods in iter_shard_keys(out)]
-    history = History(done=HashSet64(np.concatenate(parts) if parts else np.zeros(0, np.uint64)))  # one sort
+    """Read the committed shards' key files (`keyindex.py`) and the error reports of every task."""
+    history = History(committed=load_committed(out, fill=True))
     lines: dict[int, tuple[str, str]] = {}  # invalid lines: (time, status) of the latest row each
     for row in iter_error_records(out.error_report_paths()):
         if row.get("modality") is None:
@@ -60,6 +88,18 @@ def load_history(out: OutDir) -> History:
     history.invalid = HashSet64(np.fromiter((k for k, (_, status) in lines.items() if status == "failed"),
                                             dtype=np.uint64))
     return history
+
+
+def _holds(manifest: str, offset: int, row_id: str, cfg: ManifestConfig) -> bool:
+    """Whether the record at `offset` of `manifest` still has id `row_id` (False when the input is
+    gone or changed there)."""
+    from ..errors import ManifestError
+    from ..readers import read_row
+
+    try:
+        return read_row(manifest, offset, cfg).id == row_id
+    except (ManifestError, OSError, ValueError):
+        return False
 
 
 def check_output(out: OutDir, fp: dict[str, Any]) -> dict[str, Any] | None:

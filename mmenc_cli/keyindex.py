@@ -1,0 +1,177 @@
+"""Key files: what each committed shard holds, as hashes, so a resume, `status` and `inspect` never
+open the shards themselves.
+
+A shard's key file (`_mmenc/keys/<shard>.keys`) is written, complete, before the shard is
+committed. It holds, per embedding: the hash of (id, modality), the hash of the id, the hash of the
+row's source (its manifest and its place there: `ManifestRow.locator`), and the source itself (an
+index into the shard's manifests, and the offset), so a duplicate id can be named with where it
+was first encoded. 36 bytes a row on disk; `CommittedKeys` keeps 28 a row in memory.
+
+A shard without a key file (an output of an earlier mmenc, or a key file lost) is read once the
+old way (its id and modality columns) and given one, with its sources unknown.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .idset import HashSet64, id_hash
+from .errors import OutputError
+from .outdir import OutDir, damaged_shard, shard_keys, write_bytes_atomic
+
+MAGIC = b"MMKEYS1\n"
+ROW = np.dtype([("item", "<u8"), ("id", "<u8"), ("src", "<u8"), ("man", "<u4"), ("off", "<i8")])
+UNKNOWN = 0  # the source hash of a row whose source was not recorded
+
+
+def key_rows(ids: Sequence[str], modalities: Sequence[str], sources: Sequence[tuple[str, str, int | None]] | None
+             ) -> tuple[np.ndarray, list[str]]:
+    """The key rows of a shard and its manifests; `sources` gives each row's (manifest, locator,
+    offset), None when unknown. A row found by its key, not its offset, records offset -1."""
+    rows = np.zeros(len(ids), dtype=ROW)
+    rows["item"] = [id_hash(i, m) for i, m in zip(ids, modalities)]
+    rows["id"] = [id_hash(i) for i in ids]
+    manifests: dict[str, int] = {}
+    if sources is not None:
+        rows["src"] = [id_hash(man, loc) for man, loc, _ in sources]
+        rows["man"] = [manifests.setdefault(man, len(manifests)) for man, _, _ in sources]
+        rows["off"] = [off if off is not None and loc == str(off) else -1 for _, loc, off in sources]
+    return rows, list(manifests)
+
+
+def encode_keys(rows: np.ndarray, manifests: list[str]) -> bytes:
+    """A key file's bytes: the magic, a JSON line (manifests, row count), the rows."""
+    head = json.dumps({"manifests": manifests, "rows": int(rows.size)}, ensure_ascii=True).encode() + b"\n"
+    return MAGIC + head + rows.astype(ROW, copy=False).tobytes()
+
+
+def read_keys(path: Path) -> tuple[np.ndarray, list[str]] | None:
+    """A key file's rows and manifests; None when it is missing or not whole."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(MAGIC):
+        return None
+    end = data.find(b"\n", len(MAGIC))
+    try:
+        head = json.loads(data[len(MAGIC):end])
+        rows = np.frombuffer(data, dtype=ROW, offset=end + 1)
+    except ValueError:
+        return None
+    if rows.size != head.get("rows"):
+        return None
+    return rows, list(head.get("manifests") or [])
+
+
+@dataclass
+class CommittedKeys:
+    """The keys of every committed shard: (id, modality) done, and per id where it came from."""
+
+    done: HashSet64 = field(default_factory=HashSet64)
+    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # sorted id hashes
+    sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their source hashes
+    shard_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))  # index into `shards`
+    shards: list[Path] = field(default_factory=list)
+    key_paths: list[Path] = field(default_factory=list)
+    repeated: int = 0  # (id, modality) pairs committed more than once: an item encoded twice
+
+    @classmethod
+    def build(cls, parts: Iterable[tuple[Path, Path, np.ndarray]]) -> "CommittedKeys":
+        """From (shard, key file, key rows) of each shard: one sort for all."""
+        shards, key_paths, rows = [], [], []
+        for shard, key_path, part in parts:
+            shards.append(shard)
+            key_paths.append(key_path)
+            rows.append(part)
+        every = np.concatenate(rows) if rows else np.zeros(0, ROW)
+        owner = np.repeat(np.arange(len(rows), dtype=np.uint32), [r.size for r in rows]) if rows else \
+            np.zeros(0, np.uint32)
+        order = np.argsort(every["id"], kind="stable")
+        done = HashSet64(np.ascontiguousarray(every["item"]))
+        return cls(done=done, ids=every["id"][order], sources=every["src"][order], shard_of=owner[order],
+                   shards=shards, key_paths=key_paths, repeated=int(every.size) - len(done))
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def other_source(self, row_id: str, source: int) -> tuple[int, int] | None:
+        """(shard, source) of a committed row of `row_id` from a source other than `source`; None
+        when the id is not committed, or came from `source`, or from a source not recorded."""
+        h = np.uint64(id_hash(row_id))
+        lo, hi = np.searchsorted(self.ids, h, "left"), np.searchsorted(self.ids, h, "right")
+        if lo == hi:
+            return None
+        found = self.sources[lo:hi]
+        if (found == np.uint64(source)).any() or (found == np.uint64(UNKNOWN)).any():
+            return None
+        return int(self.shard_of[lo]), int(found[0])
+
+    def origin(self, shard: int, source: int) -> tuple[str | None, int, str]:
+        """(manifest, offset, shard name) of a committed row of `shard` from `source`; the offset is
+        -1 for a row found by its key (a folder's sample), the manifest None when not recorded."""
+        name = self.shards[shard].name
+        loaded = read_keys(self.key_paths[shard])
+        if loaded is not None:
+            rows, manifests = loaded
+            hit = rows[rows["src"] == np.uint64(source)]
+            if hit.size and int(hit["man"][0]) < len(manifests):
+                return manifests[int(hit["man"][0])], int(hit["off"][0]), name
+        return None, -1, name
+
+    def duplicate_ids(self) -> np.ndarray:
+        """The hashes of ids committed from more than one recorded source (two rows, one id)."""
+        known = self.sources != np.uint64(UNKNOWN)
+        if not known.any():
+            return np.zeros(0, np.uint64)
+        pairs = np.unique(np.stack([self.ids[known], self.sources[known]], axis=1), axis=0)
+        return np.unique(pairs[1:, 0][pairs[1:, 0] == pairs[:-1, 0]]).astype(np.uint64)
+
+
+def write_keys(out: OutDir, shard: str, rows: np.ndarray, manifests: list[str]) -> None:
+    """Write a shard's key file, whole, before the shard is committed (OSError: a fault of the
+    output, as the shard's own write would be)."""
+    write_bytes_atomic(out.keys_path(shard), encode_keys(rows, manifests))
+
+
+def load_committed(out: OutDir, fill: bool = False, damaged: list[str] | None = None) -> CommittedKeys:
+    """The keys of every committed shard (`iter_key_rows`), in one structure."""
+    return CommittedKeys.build(iter_key_rows(out, fill, damaged))
+
+
+def iter_key_rows(out: OutDir, fill: bool = False,
+                  damaged: list[str] | None = None) -> Iterator[tuple[Path, Path, np.ndarray]]:
+    """(shard, key file, key rows) of every committed shard, from the key files; a shard without
+    one is read the old way (its sources unknown) and, with `fill`, given one so the next run
+    reads it the new way. Shards themselves are not opened: one whose size differs from the size
+    its shard log recorded at commit (truncated, replaced) is damaged. A damaged shard raises
+    `OutputError`, or with `damaged` is named there and left out."""
+    from .shardlog import read_logs
+
+    sizes = {name: entry.get("bytes") for entries in read_logs(out).values() for name, entry in entries.items()}
+    for shard in out.shards():
+        path = out.keys_path(shard.name)
+        loaded = read_keys(path)
+        if loaded is not None and sizes.get(shard.name) not in (None, shard.stat().st_size):
+            problem = damaged_shard(shard, ValueError(f"{shard.stat().st_size} bytes, committed with "
+                                                      f"{sizes[shard.name]}"))
+            if damaged is None:
+                raise OutputError(problem)
+            damaged.append(problem)
+            continue
+        if loaded is None:
+            found = shard_keys(out, shard, damaged)
+            if found is None:
+                continue
+            loaded = key_rows(*found, None)
+            if fill:
+                try:
+                    write_keys(out, shard.name, *loaded)
+                except OSError:  # a read-only output still resumes, the old way
+                    pass
+        yield shard, path, loaded[0]

@@ -12,6 +12,7 @@ readers pointed at OUT see only embeddings::
         errors/errors-t00000-w00.jsonl     error reports, one per task and worker, append-only
         sidecars/part-....parquet          ids + kept fields of safetensors shards
         index/part-....parquet             ids, grids, sizes + kept fields of token shards
+        keys/part-....keys                 per shard: (id, modality) and source hashes (`keyindex.py`)
         locks/task-00000.lock              one lock per (OUT, task)
         slurm/, logs/                      sbatch scripts from `mmenc slurm`, array task logs
         tmp/                               shards being written (renamed into place when complete)

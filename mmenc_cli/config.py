@@ -2,12 +2,19 @@
 
 Options reach the core as one `RunConfig`, never as a splat of keyword arguments. Each part is
 validated in `__post_init__` so a bad combination fails before anything is loaded.
+
+This module is the one place of every option's default: the CLI's options read them from the
+dataclasses (`BatchConfig.batch_size`). Each field is declared with `option(...)`, which says
+whether it changes the vectors or the output's schema (`fingerprint=True`): those fields, and only
+those, make the output's fingerprint (`fingerprint_fields`, `run/metadata.fingerprint`) that a
+run resuming the output must match.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+import typing
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, is_dataclass, replace
+from typing import Any, Callable, Iterator
 
 from .cpus import usable_cpus
 from .errors import ConfigError
@@ -23,6 +30,19 @@ DEFAULT_MAX_ROW_BYTES = 32 * 1024 * 1024
 RESERVED_COLUMNS = frozenset({"id", "modality", "embedding"})
 #: undecoded inline bytes (tar members, Parquet image bytes) waiting for or in the decode workers (--max-inflight-bytes)
 DEFAULT_MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
+#: the field metadata key of `option`'s classification
+FINGERPRINT = "fingerprint"
+
+
+def option(default: Any = MISSING, *, fingerprint: bool, factory: Callable[[], Any] | None = None,
+           **kw: Any) -> Any:
+    """A config field with its default and its classification: `fingerprint=True` when its value
+    changes the vectors or the output's schema (recorded in run.json, checked on resume). Keyword
+    only and required, so a new field cannot leave the question open."""
+    metadata = {FINGERPRINT: fingerprint}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
 
 
 @dataclass(frozen=True)
@@ -30,15 +50,16 @@ class ManifestConfig:
     """Which keys hold the id, image, text, audio and video (None: the input format's own,
     `readers.validate.keys_for`), which fields to keep, how many rows."""
 
-    id_key: str | None = None
-    image_key: str | None = None
-    text_key: str | None = None
-    audio_key: str | None = None
-    video_key: str | None = None
-    keep: tuple[str, ...] = ()
-    limit: int | None = None
-    csv_multiline: bool = False  # CSV quoted fields may span lines: tasks parse from the top (exact, slower)
-    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    id_key: str | None = option(None, fingerprint=False)
+    image_key: str | None = option(None, fingerprint=False)
+    text_key: str | None = option(None, fingerprint=False)
+    audio_key: str | None = option(None, fingerprint=False)
+    video_key: str | None = option(None, fingerprint=False)
+    keep: tuple[str, ...] = option((), fingerprint=True)
+    limit: int | None = option(None, fingerprint=False)
+    #: CSV quoted fields may span lines: tasks parse from the top (exact, slower)
+    csv_multiline: bool = option(False, fingerprint=False)
+    max_row_bytes: int = option(DEFAULT_MAX_ROW_BYTES, fingerprint=False)
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 0:
@@ -56,6 +77,8 @@ class ManifestConfig:
 DEFAULT_MAX_BYTES = {"image": 64 * 1024 * 1024, "audio": 512 * 1024 * 1024, "video": 2 * 1024 * 1024 * 1024}
 #: frames sampled from a video clip unless --frames says; with --fps, at most
 DEFAULT_FRAMES, MAX_FPS_FRAMES = 8, 64
+#: how images are decoded for a new output unless --decode says (a resumed one keeps its own)
+DEFAULT_DECODE = "fast"
 
 
 @dataclass(frozen=True)
@@ -68,25 +91,27 @@ class MediaConfig:
     the model's own window (CLAP: 10 s); `frames` None: `DEFAULT_FRAMES`;
     with `fps`, frames are taken at that rate, at most `frames` (else `MAX_FPS_FRAMES`) of them."""
 
-    max_image_pixels: int = 89_478_485  # Pillow's own bomb threshold (~ 9459 x 9459); also per video frame
-    max_file_bytes: int = DEFAULT_MAX_BYTES["image"]
-    max_audio_bytes: int = DEFAULT_MAX_BYTES["audio"]
-    max_video_bytes: int = DEFAULT_MAX_BYTES["video"]
-    max_audio_seconds: float | None = None
-    max_video_seconds: float = 3600.0
-    frames: int | None = None
-    fps: float | None = None
-    fetch_timeout: float = 20.0
-    fetch_retries: int = 3
-    decode_timeout: float = 60.0  # reading, decoding, preprocessing one image; fetching has its own
+    #: Pillow's own bomb threshold (~ 9459 x 9459); also per video frame
+    max_image_pixels: int = option(89_478_485, fingerprint=False)
+    max_file_bytes: int = option(DEFAULT_MAX_BYTES["image"], fingerprint=False)
+    max_audio_bytes: int = option(DEFAULT_MAX_BYTES["audio"], fingerprint=False)
+    max_video_bytes: int = option(DEFAULT_MAX_BYTES["video"], fingerprint=False)
+    max_audio_seconds: float | None = option(None, fingerprint=True)
+    max_video_seconds: float = option(3600.0, fingerprint=True)
+    frames: int | None = option(None, fingerprint=True)
+    fps: float | None = option(None, fingerprint=True)
+    fetch_timeout: float = option(20.0, fingerprint=False)
+    fetch_retries: int = option(3, fingerprint=False)
+    #: reading, decoding, preprocessing one image; fetching has its own
+    decode_timeout: float = option(60.0, fingerprint=False)
     #: "fast": a JPEG at least four times the model's input decodes at a reduced DCT scale, resizes
     #: run on torch's kernels;
     #: "exact": full decoding, the processor's own pixels; "gpu": JPEGs decoded and resized on the
-    #: model's device; None: fast for a new output, else what the output was written with (the run
-    #: settles it, `run/metadata.decode_mode`)
-    decode: str | None = None
+    #: model's device; None: `DEFAULT_DECODE` for a new output, else what the output was written
+    #: with (the run settles it, `run/metadata.decode_mode`)
+    decode: str | None = option(None, fingerprint=True)
     #: the option `max_file_bytes` stands for (`limit_bytes`): what a payload over it is told
-    limit_option: str = field(default="--max-file-bytes", repr=False, compare=False)
+    limit_option: str = option("--max-file-bytes", fingerprint=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.decode not in (None, "fast", "exact", "gpu"):
@@ -122,25 +147,25 @@ class MediaConfig:
 class ModelConfig:
     """What model to load and how to run it.
 
-    The fingerprint (`run/metadata.py`) holds the fields that change the vectors; `device`,
-    `compile` and `cpu_forward` change only the arithmetic's order (float32 within 1e-5).
+    The fields declared `fingerprint=True` change the vectors; `device`, `compile` and
+    `cpu_forward` change only the arithmetic's order (float32 within 1e-5), so they are not.
     `cpu_forward`: `auto` times the run's own batches to choose between oneDNN's and PyTorch's
     linears, on two CPU streams; `plain` is PyTorch's own forward on one stream; `onednn` pins
     oneDNN's linears (see `encoders/cpu/`).
     """
 
-    model: str
-    revision: str | None = None
-    pooling: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    normalize: bool | None = None  # None: the model's own convention, resolved at load time
-    text_prefix: str = ""
-    max_length: int | None = None
-    trust_remote_code: bool = False
-    allow_pickle_weights: bool = False
-    compile: bool = False
-    cpu_forward: str = "auto"
+    model: str = option(fingerprint=True)
+    revision: str | None = option(None, fingerprint=True)
+    pooling: str = option("auto", fingerprint=True)
+    device: str = option("auto", fingerprint=False)
+    dtype: str = option("auto", fingerprint=True)
+    normalize: bool | None = option(None, fingerprint=True)  # None: the model's own convention, resolved at load time
+    text_prefix: str = option("", fingerprint=True)
+    max_length: int | None = option(None, fingerprint=True)
+    trust_remote_code: bool = option(False, fingerprint=False)
+    allow_pickle_weights: bool = option(False, fingerprint=False)
+    compile: bool = option(False, fingerprint=False)
+    cpu_forward: str = option("auto", fingerprint=False)
 
     def __post_init__(self) -> None:
         if self.cpu_forward not in CPU_FORWARDS:
@@ -166,12 +191,12 @@ class BatchConfig:
     """Micro-batching: batch size, token budget, workers and prefetch (by count, and by the
     undecoded inline bytes in flight: `max_inflight_bytes`)."""
 
-    batch_size: int = 32
-    max_batch_tokens: int | None = None
-    workers: int | None = None  # None: a default from the CPU count
-    prefetch_batches: int = 4
-    grow_after: int = 8  # successes at a halved batch size before growing it back
-    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    batch_size: int = option(32, fingerprint=False)
+    max_batch_tokens: int | None = option(None, fingerprint=False)
+    workers: int | None = option(None, fingerprint=False)  # None: a default from the CPU count
+    prefetch_batches: int = option(4, fingerprint=False)
+    grow_after: int = option(8, fingerprint=False)  # successes at a halved batch size before growing it back
+    max_inflight_bytes: int = option(DEFAULT_MAX_INFLIGHT_BYTES, fingerprint=False)
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -197,10 +222,11 @@ class BatchConfig:
 class WriterConfig:
     """Output format and layout."""
 
-    out: str
-    format: str = "parquet"
-    out_dtype: str | None = None  # None: float32 for pooled vectors, float16 for token embeddings
-    shard_size: int = 10_000
+    out: str = option(fingerprint=False)
+    format: str = option("parquet", fingerprint=True)
+    #: None: float32 for pooled vectors, float16 for token embeddings
+    out_dtype: str | None = option(None, fingerprint=True)
+    shard_size: int = option(10_000, fingerprint=False)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -217,20 +243,20 @@ class WriterConfig:
 class RunConfig:
     """Everything one `mmenc encode` run needs."""
 
-    manifests: tuple[str, ...]
+    manifests: tuple[str, ...] = option(fingerprint=False)
     model: ModelConfig
     writer: WriterConfig
     manifest: ManifestConfig = field(default_factory=ManifestConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
-    modalities: tuple[str, ...] | None = None  # None: every modality the model supports
-    task_index: int = 0
-    task_count: int = 1
-    max_errors: int | None = None
-    max_error_rate: float | None = None
-    fail_fast: bool = False
-    overwrite: bool = False
-    wait_lock: bool = False
+    modalities: tuple[str, ...] | None = option(None, fingerprint=False)  # None: every modality the model supports
+    task_index: int = option(0, fingerprint=False)
+    task_count: int = option(1, fingerprint=False)
+    max_errors: int | None = option(None, fingerprint=False)
+    max_error_rate: float | None = option(None, fingerprint=False)
+    fail_fast: bool = option(False, fingerprint=False)
+    overwrite: bool = option(False, fingerprint=False)
+    wait_lock: bool = option(False, fingerprint=False)
 
     def __post_init__(self) -> None:
         if not self.manifests:
@@ -249,8 +275,31 @@ class RunConfig:
         if self.model.pooling in ("tokens", "frames") and self.writer.format != "safetensors":
             raise ConfigError(f"--pooling {self.model.pooling} writes one tensor per item: use --format safetensors")
 
+    def value_at(self, path: tuple[str, ...]) -> Any:
+        """The option at `path` (as `config_fields` names it: ("media", "frames"))."""
+        value: Any = self
+        for name in path:
+            value = getattr(value, name)
+        return value
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy for the run metadata."""
         out = asdict(self)
         del out["media"]["limit_option"]  # a loader's detail, not an option
         return out
+
+
+def config_fields(cls: type = RunConfig, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Field[Any]]]:
+    """Every option of `cls` with its path from a `RunConfig` (("model", "pooling")), in declaration
+    order; the parts (`ModelConfig`, ...) are walked into, not listed."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            yield from config_fields(hints[f.name], (*prefix, f.name))
+        else:
+            yield (*prefix, f.name), f
+
+
+def fingerprint_fields() -> tuple[tuple[str, ...], ...]:
+    """The paths of the options declared `fingerprint=True`: what the output's fingerprint holds."""
+    return tuple(path for path, f in config_fields() if f.metadata.get(FINGERPRINT))

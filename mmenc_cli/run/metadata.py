@@ -15,17 +15,12 @@ import time
 from typing import Any
 
 from .. import __version__
-from ..config import DEFAULT_FRAMES, RunConfig
+from ..config import DEFAULT_DECODE, RunConfig, fingerprint_fields
 from ..errors import ConfigError
 from ..encoders.base import Encoder
 from ..encoders.libraries import canonical_model, model_path
 from ..outdir import OutDir, read_json
 from .counters import Counters, RunResult
-
-#: options that change the vectors or the output's schema: a run must match the output's
-FINGERPRINT_KEYS = ("model", "model_stamp", "revision", "pooling", "dtype", "normalize", "text_prefix",
-                    "max_length", "format", "out_dtype", "keep", "decode", "frames", "fps", "max_audio_seconds",
-                    "max_video_seconds")
 
 
 def model_stamp(model: str) -> str | None:
@@ -43,53 +38,56 @@ def model_stamp(model: str) -> str | None:
     return h.hexdigest()[:16]
 
 
-#: what a fingerprint written before a key existed means by its absence
-LEGACY_FINGERPRINT = {"decode": "exact", "frames": DEFAULT_FRAMES, "fps": None, "max_audio_seconds": None,
+#: what a fingerprint written before a key existed means by its absence: how mmenc worked then,
+#: so these stay as they are when a default changes
+LEGACY_FINGERPRINT = {"decode": "exact", "frames": 8, "fps": None, "max_audio_seconds": None,
                       "max_video_seconds": 3600.0}
 
 
 def decode_mode(cfg: RunConfig, recorded: dict[str, Any] | None) -> str:
     """`--decode` as given; else the mode the output was written with (an output from before the
-    option existed decoded exactly); else "fast"."""
+    option existed decoded exactly); else `DEFAULT_DECODE`."""
     if cfg.media.decode is not None:
         return cfg.media.decode
     if isinstance(recorded, dict) and isinstance(recorded.get("fingerprint"), dict):
         return str(recorded["fingerprint"].get("decode", LEGACY_FINGERPRINT["decode"]))
-    return "fast"
+    return DEFAULT_DECODE
+
+
+#: the fingerprinted options recorded otherwise than as their value (the others: `{name: value}`),
+#: each a function of the config and the resolved dtype
+RECORDED = {
+    # a local folder's path made absolute, and a stamp of its files: retrained weights in place differ
+    ("model", "model"): lambda cfg, dtype: {"model": canonical_model(cfg.model.model),
+                                            "model_stamp": model_stamp(cfg.model.model)},
+    ("model", "dtype"): lambda cfg, dtype: {"dtype": dtype},  # "auto" means another dtype per device
+    ("manifest", "keep"): lambda cfg, dtype: {"keep": list(cfg.manifest.keep)},
+    # no --frames means a count that --fps changes: the count itself is what shapes the vectors
+    ("media", "frames"): lambda cfg, dtype: {"frames": cfg.media.frames_per_clip()},
+}
 
 
 def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
-    """The options that change the vectors or schema, with the dtype and the decode mode already
-    resolved. ConfigError for `--revision` with a local folder, which has no revisions to pick from."""
+    """The options the config declares `fingerprint=True` (`config.fingerprint_fields`), by name,
+    as `RECORDED` says or as their value; `dtype` is the one resolved for the device, and the
+    decode mode must be settled already (`decode_mode`). ConfigError for `--revision` with a local
+    folder, which has no revisions to pick from."""
     m = cfg.model
-    path = model_path(m.model)
-    if m.revision is not None and path is not None:
+    if m.revision is not None and model_path(m.model) is not None:
         raise ConfigError(f"--revision {m.revision} names a hub revision, but {m.model} is a local folder: "
                           "drop --revision, or give the hub id")
-    return {
-        "model": canonical_model(m.model),
-        "model_stamp": model_stamp(m.model),
-        "revision": m.revision,
-        "pooling": m.pooling,
-        "dtype": dtype,
-        "normalize": m.normalize,
-        "text_prefix": m.text_prefix,
-        "max_length": m.max_length,
-        "format": cfg.writer.format,
-        "out_dtype": cfg.writer.out_dtype,
-        "keep": list(cfg.manifest.keep),
-        "decode": cfg.media.decode,
-        "frames": cfg.media.frames_per_clip(),
-        "fps": cfg.media.fps,
-        "max_audio_seconds": cfg.media.max_audio_seconds,
-        "max_video_seconds": cfg.media.max_video_seconds,
-    }
+    fp: dict[str, Any] = {}
+    for path in fingerprint_fields():
+        record = RECORDED.get(path)
+        fp.update(record(cfg, dtype) if record else {path[-1]: cfg.value_at(path)})
+    return fp
 
 
 def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable differences between two fingerprints."""
+    """Human-readable differences between an output's recorded fingerprint and this run's, over
+    this run's keys (a key missing from the old one means its `LEGACY_FINGERPRINT` value)."""
     old = {**LEGACY_FINGERPRINT, **old}
-    return [f"{k}: output has {old.get(k)!r}, this run {new.get(k)!r}" for k in FINGERPRINT_KEYS if old.get(k) != new.get(k)]
+    return [f"{k}: output has {old.get(k)!r}, this run {new.get(k)!r}" for k in new if old.get(k) != new.get(k)]
 
 
 def resolved_dtype(cfg: RunConfig, device: str) -> str:

@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperCommand
 
 from ..errors import ConfigError, ExitCode, OutputError, SubmitError
+from ..slurm import SlurmOptions
 from .encode import default_model
 from .exits import fail, fatal_errors
 from .options import ModelOpt, OutOpt
@@ -69,18 +70,18 @@ def slurm(
     tasks: Annotated[int, typer.Option("--tasks", min=1, help="Array tasks: the input is split into N slices "
                                        "(--array=0-(N-1)).", show_default=False)],
     model: ModelOpt = None,
-    partition: Annotated[Optional[str], typer.Option(help="Slurm partition (default: the cluster's).")] = None,
+    partition: Annotated[Optional[str], typer.Option(help="Slurm partition (default: the cluster's).")] = SlurmOptions.partition,
     time_limit: Annotated[Optional[str], typer.Option("--time", help="Time limit per task, e.g. 04:00:00 or "
-                                                      "1-00:00:00 (default: the partition's).")] = None,
+                                                      "1-00:00:00 (default: the partition's).")] = SlurmOptions.time,
     gpus_per_task: Annotated[int, typer.Option(min=0, help="GPUs per task (0 on CPU clusters; sites that want "
-                                               "--gres: 0 here and --sbatch-arg=--gres=gpu:1).")] = 1,
-    cpus_per_task: Annotated[int, typer.Option(min=1, help="CPUs per task (decode workers use them).")] = 8,
-    mem: Annotated[Optional[str], typer.Option(help="Memory per task, e.g. 32G (default: the cluster's).")] = None,
+                                               "--gres: 0 here and --sbatch-arg=--gres=gpu:1).")] = SlurmOptions.gpus_per_task,
+    cpus_per_task: Annotated[int, typer.Option(min=1, help="CPUs per task (decode workers use them).")] = SlurmOptions.cpus_per_task,
+    mem: Annotated[Optional[str], typer.Option(help="Memory per task, e.g. 32G (default: the cluster's).")] = SlurmOptions.mem,
     signal_before: Annotated[int, typer.Option(min=0, help="Seconds before the time limit Slurm sends SIGTERM to "
                                                "mmenc (#SBATCH --signal=B:TERM@N): it commits whole shards and exits "
-                                               "143, resumable. 0: none.")] = 120,
+                                               "143, resumable. 0: none.")] = SlurmOptions.signal_before,
     requeue: Annotated[bool, typer.Option("--requeue/--no-requeue", help="Let Slurm requeue preempted or "
-                                          "node-failed tasks (safe: every run resumes).")] = True,
+                                          "node-failed tasks (safe: every run resumes).")] = SlurmOptions.requeue,
     logs: Annotated[Optional[Path], typer.Option(help="Folder of the task logs, DIR/%A_%a.out "
                                                  "[default: OUT/_mmenc/logs].", show_default=False)] = None,
     job_name: Annotated[Optional[str], typer.Option(help="Job name [default: mmenc-<OUT name>].",
@@ -132,7 +133,7 @@ def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
     """The `SlurmOptions` of the command's parameters `o`, paths made absolute, the encode
     options after `--` checked."""
     from ..readers.files import check_input, is_url
-    from ..slurm import SlurmOptions, default_logs_dir
+    from ..slurm import default_logs_dir
 
     model = o["model"]
     if model is None:

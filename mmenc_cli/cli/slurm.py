@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any, List, Optional
 
 import typer
 from typer.core import TyperCommand
 
+from ..clock import timestamp
 from ..errors import ConfigError, ExitCode, OutputError, SubmitError
 from .encode import default_model
 from .exits import fail, fatal_errors
@@ -157,7 +157,7 @@ def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
         partition=o["partition"], time=o["time_limit"], gpus_per_task=o["gpus_per_task"],
         cpus_per_task=o["cpus_per_task"], mem=o["mem"], signal_before=o["signal_before"], requeue=o["requeue"],
         sbatch_args=tuple(o["sbatch_arg"] or ()), encode_args=tuple(encode_args),
-        generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        generated=timestamp())
     _check_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
                              "--task-count", str(opts.tasks), "--task-index", "0", *encode_args])
     return opts

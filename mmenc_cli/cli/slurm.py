@@ -16,7 +16,7 @@ from ..errors import ConfigError, ExitCode, OutputError, SubmitError
 from .encode import default_model
 from .exits import fail, fatal_errors
 from .options import ModelOpt, OutOpt
-from .render import echo_err
+from .render import echo_err, plural
 
 _ENCODE_ARGS = "mmenc.encode_args"
 
@@ -124,7 +124,7 @@ def slurm(
     except SubmitError as exc:
         raise fail(str(exc), exc.exit_code) from None
     typer.echo(job)
-    echo_err(f"mmenc: submitted {path} as job {job}, {tasks} tasks; logs in {opts.logs}; "
+    echo_err(f"mmenc: submitted {path} as job {job}, {plural(tasks, 'task')}; logs in {opts.logs}; "
              f"follow with: mmenc status {shlex.quote(opts.out)}")
 
 

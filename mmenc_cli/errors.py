@@ -22,7 +22,10 @@ code   meaning
 =====  ==========================================================================================
 
 `REASONS` lists every reason slug with its code; `classify()` is the one place that maps an
-arbitrary exception to an `MMError`. The error report that holds them is `report.py`.
+arbitrary exception to an `MMError`. An `OSError` means the same wherever it is met (a local file,
+an object store, PyAV, an HTTP fetch, `classify`): `OS_REASONS` is the one errno -> reason table
+and `os_reason()` the one lookup, so ENOENT is always 404 `media.not_found`, EACCES/EPERM 403, a
+timeout 504. The error report that holds them is `report.py`.
 
 Run-level: what stops a run as a whole derives from `RunError`, which carries the process exit
 code the CLI ends with (`ExitCode`)::
@@ -42,6 +45,7 @@ from __future__ import annotations
 import enum
 import errno
 import re
+import sys
 
 STAGES = ("read", "validate", "load", "decode", "preprocess", "encode", "write")
 
@@ -143,26 +147,61 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
+#: errno -> reason: what an OSError says of the file, object or URL being read. The one table:
+#: `os_reason` reads it for local files, object stores, PyAV, HTTP and `classify`.
+OS_REASONS: dict[int, str] = {
+    errno.ENOENT: "media.not_found",
+    errno.ENOTDIR: "media.not_found",  # a component of the path is a file
+    errno.EACCES: "media.permission_denied",
+    errno.EPERM: "media.permission_denied",
+    errno.EISDIR: "media.is_directory",
+    errno.ENAMETOOLONG: "media.invalid_source",
+    errno.ELOOP: "media.invalid_source",
+    errno.ETIMEDOUT: "remote.timeout",
+    errno.ENOSPC: "write.failed",
+}
+
+#: the errno each OSError subclass stands for: fsspec raises FileNotFoundError(path) and a socket
+#: times out with TimeoutError("timed out"), both without an errno
+_OS_CLASSES: tuple[tuple[type[OSError], int], ...] = (
+    (FileNotFoundError, errno.ENOENT), (PermissionError, errno.EACCES), (IsADirectoryError, errno.EISDIR),
+    (NotADirectoryError, errno.ENOTDIR), (TimeoutError, errno.ETIMEDOUT))
+
+#: reasons that speak of a path: a socket's EACCES/EPERM is a local firewall or a full conntrack
+#: table (often passing), not a URL we may not read
+_PATH_REASONS = frozenset({"media.not_found", "media.permission_denied", "media.is_directory", "media.invalid_source"})
+
+
+def os_reason(exc: BaseException, connection: bool = False) -> str | None:
+    """The reason slug (`OS_REASONS`) of an OSError; None for one the table says nothing of, and
+    for anything else. `connection`: raised by a network connection, where only the reasons that
+    do not speak of a path apply (a timeout)."""
+    if not isinstance(exc, OSError) or _is_ssl_error(exc):
+        return None
+    number = next((n for cls, n in _OS_CLASSES if isinstance(exc, cls)), exc.errno)
+    reason = OS_REASONS.get(number or 0)
+    return None if connection and reason in _PATH_REASONS else reason
+
+
+def _is_ssl_error(exc: OSError) -> bool:
+    """True for ssl.SSLError, whose errno is OpenSSL's (1 is SSL_ERROR_SSL, not EPERM). Without
+    importing ssl: when it is not imported, nothing raised one."""
+    ssl = sys.modules.get("ssl")
+    return ssl is not None and isinstance(exc, ssl.SSLError)
+
+
 def classify(exc: BaseException, stage: str) -> MMError:
     """Map any exception raised while handling one item to an `MMError` (the one place that does)."""
     if isinstance(exc, MMError):
         return exc
     name = type(exc).__name__
     msg = trim_message(str(exc) or name)
-    if isinstance(exc, FileNotFoundError):
-        return MMError(msg, stage=stage, reason="media.not_found", error=name)
-    if isinstance(exc, PermissionError):
-        return MMError(msg, stage=stage, reason="media.permission_denied", error=name)
-    if isinstance(exc, IsADirectoryError):
-        return MMError(msg, stage=stage, reason="media.is_directory", error=name)
-    if isinstance(exc, MemoryError) or is_out_of_memory(exc):
-        return MMError(msg, stage=stage, reason="encode.out_of_memory", error=name)
-    if isinstance(exc, TimeoutError):
-        return MMError(msg, stage=stage, reason="remote.timeout", error=name)
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return MMError(msg, stage=stage, reason="write.failed", error=name)
-    reason = {"preprocess": "preprocess.failed", "encode": "encode.failed",
-              "write": "write.failed"}.get(stage, "internal")
+    reason = os_reason(exc)
+    if reason is None and (isinstance(exc, MemoryError) or is_out_of_memory(exc)):
+        reason = "encode.out_of_memory"
+    if reason is None:
+        reason = {"preprocess": "preprocess.failed", "encode": "encode.failed",
+                  "write": "write.failed"}.get(stage, "internal")
     return MMError(msg, stage=stage, reason=reason, error=name)
 
 

@@ -13,12 +13,12 @@ import base64
 import functools
 import json
 import os
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from .clock import timestamp
 from .config import DEFAULT_MAX_ROW_BYTES
 from .errors import ManifestError, MMError, OutputError, printable, trim_message
 from .idset import HashSet64, id_hash
@@ -43,7 +43,7 @@ class ErrorRecord:
     message: str
     source: str | None = None
     attempt: int = 1
-    time: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    time: str = field(default_factory=timestamp)
     task: int = 0
     status: str = "failed"  # "failed", or "resolved": a marker that a manifest line invalid before is a row now
     key: str | None = None  # a folder's sample: its relative path (its offset is its place in the walk, which moves)

@@ -33,11 +33,11 @@ import os
 import re
 import shlex
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from .clock import file_stamp
 from .errors import ConfigError, SubmitError
 from .outdir import OutDir
 
@@ -186,7 +186,7 @@ def build_sbatch_script(opts: SlurmOptions) -> str:
 def default_script_path(out: str | Path, now: float | None = None) -> Path:
     """OUT/_mmenc/slurm/encode-YYYYmmdd-HHMMSS.sbatch, with -2, -3, ... when that name exists."""
     folder = slurm_dir(out)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    stamp = file_stamp(now)
     path, n = folder / f"encode-{stamp}.sbatch", 1
     while path.exists():
         n += 1

@@ -10,7 +10,7 @@ import typer
 
 from .exits import fatal_errors
 from .options import JsonOpt, OutArg
-from .render import echo_err, error_line, print_error_summary
+from .render import echo_err, error_line, plural, print_error_summary, word
 
 errors_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Inspect failed items and turn them into a retry manifest.")
 
@@ -80,7 +80,7 @@ def retry(out: OutArg, output: Annotated[Path, typer.Option("--output", "-o", he
                 fh.write(json_line(row) + "\n")
                 n += 1
         tmp.replace(output)
-    echo_err(f"mmenc: wrote {n} rows to {output}"
-             + (f"; {skipped} invalid rows cannot be retried (fix the input)" if skipped else "")
-             + (f"; {whole} samples over --max-row-bytes are written whole: encode them with a larger "
-                "--max-row-bytes" if whole else ""))
+    echo_err(f"mmenc: wrote {plural(n, 'row')} to {output}"
+             + (f"; {plural(skipped, 'invalid row')} cannot be retried (fix the input)" if skipped else "")
+             + (f"; {plural(whole, 'sample')} over --max-row-bytes {word(whole, 'is', 'are')} written whole: encode "
+                f"{word(whole, 'it', 'them')} with a larger --max-row-bytes" if whole else ""))

@@ -10,7 +10,7 @@ import typer
 
 from .exits import fatal_errors
 from .options import JsonOpt, OutArg
-from .render import echo_err
+from .render import echo_err, plural
 
 export_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Export token embeddings for serving engines.")
 
@@ -30,5 +30,5 @@ def vllm(out: OutArg, dest: DestArg, overwrite: OverwriteOpt = False, json_out: 
         result = export_vllm(out, dest, overwrite=overwrite)
     if json_out:
         typer.echo(json.dumps(result.to_dict(), indent=2))
-    echo_err(f"mmenc: exported {result.items} images ({result.tokens} tokens, {result.dtype}) to {result.dest}; "
-             f"index {result.manifest}")
+    echo_err(f"mmenc: exported {plural(result.items, 'image')} ({plural(result.tokens, 'token')}, {result.dtype}) "
+             f"to {result.dest}; index {result.manifest}")

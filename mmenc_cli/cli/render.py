@@ -17,7 +17,7 @@ from ..errors import printable
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..reader import InspectReport
-    from ..run.counters import Counters, RunResult
+    from ..run.counters import Counters, ModalityStats, RunResult
     from ..status import StatusReport
 
 log = logging.getLogger("mmenc")
@@ -51,27 +51,53 @@ def setup_logging(verbose: bool = False) -> None:
     log.propagate = False
 
 
+def word(n: int, singular: str, plural_form: str | None = None) -> str:
+    """The form of a noun (or verb) that agrees with the count `n`: "row" for 1, "rows" otherwise;
+    `plural_form` where adding an s is wrong ("has", "have")."""
+    return singular if n == 1 else (plural_form or singular + "s")
+
+
+def plural(n: int, noun: str, plural_form: str | None = None) -> str:
+    """A count with its noun in agreement: "1 task", "2 tasks", "0 failed items"."""
+    return f"{n} {word(n, noun, plural_form)}"
+
+
 def _some(*parts: tuple[int, str]) -> str:
-    """', '-joined "N what" for the non-zero counts."""
-    return ", ".join(f"{n} {what}" for n, what in parts if n)
+    """', '-joined phrases whose count is not zero."""
+    return ", ".join(text for n, text in parts if n)
+
+
+def _held(m: "ModalityStats") -> bool:
+    """True when some row of the run holds this modality (an item asked for, now or earlier)."""
+    return bool(m.requested or m.encoded or m.encoded_before or m.failed or m.failed_before or m.not_attempted)
 
 
 def summary_lines(result: "RunResult", verbose: bool = False) -> list[str]:
-    """The end-of-run summary: what happened at a glance; zeros left out."""
+    """The end-of-run summary: what happened at a glance; zeros left out, and the modalities no
+    row holds; what was skipped said as the rows without a modality."""
     c = result.counters
     failed_items = sum(m.failed_total for m in c.modalities.values())
     done = f"{result.state} after " if result.state != "done" else ""
-    head = _some((c.encoded_now, "items encoded"), (failed_items, "failed"), (c.skipped, "skipped"),
-                 (c.invalid, "invalid rows"), (c.not_downloaded, "not downloaded")) or "nothing to do"
-    lines = [f"mmenc: {done}{c.rows} rows -> {result.out} in {result.elapsed:.1f} s: {head}"]
+    lacking = [(m.skipped, f"{plural(m.skipped, 'row')} {word(m.skipped, 'has', 'have')} no {name}")
+               for name, m in sorted(c.modalities.items())]
+    head = _some((c.encoded_now, f"{plural(c.encoded_now, 'item')} encoded"),
+                 (failed_items, f"{plural(failed_items, 'item')} failed"),
+                 (c.invalid, plural(c.invalid, "invalid row")),
+                 (c.not_downloaded, f"{c.not_downloaded} not downloaded"), *lacking) or "nothing to do"
+    lines = [f"mmenc: {done}{plural(c.rows, 'row')} -> {result.out} in {result.elapsed:.1f} s: {head}"]
     for name, m in sorted(c.modalities.items()):
+        if not _held(m):
+            continue
         truncated = f" ({m.truncated} truncated)" if m.truncated else ""
-        parts = _some((m.failed_total, "failed"), (m.encoded_before, "encoded earlier"),
-                      (m.failed_before, "failed earlier, not retried"), (m.not_attempted, "not attempted"))
+        parts = _some((m.failed_total, f"{m.failed_total} failed"),
+                      (m.encoded_before, f"{m.encoded_before} encoded earlier"),
+                      (m.failed_before, f"{m.failed_before} failed earlier, not retried"),
+                      (m.not_attempted, f"{m.not_attempted} not attempted"))
         lines.append(f"  {name:5s}  {m.encoded} encoded{truncated}" + (f", {parts}" if parts else ""))
     lines += _failure_lines(c, result.out)
     if c.not_attempted:
-        lines.append(f"  {c.not_attempted} items not attempted: re-run the same command to finish them")
+        lines.append(f"  {plural(c.not_attempted, 'item')} not attempted: re-run the same command to finish "
+                     + word(c.not_attempted, "it", "them"))
     if not result.model_loaded and c.requested:
         lines.append("  nothing new to encode: the model was not loaded")
     if result.threshold_exceeded:
@@ -152,7 +178,7 @@ def print_inspect(out: str, report: "InspectReport") -> None:
     from rich.table import Table
 
     con = Console(stderr=False)
-    con.print(f"[bold]{escape(printable(out))}[/]: {report.embeddings} embeddings "
+    con.print(f"[bold]{escape(printable(out))}[/]: {plural(report.embeddings, 'embedding')} "
               + ", ".join(f"{k} {v}" for k, v in sorted(report.by_modality.items())))
     con.print(f"model {report.model} (revision {report.revision}), dim {report.dim}, "
               f"dtype {report.dtype}, format {report.format}")
@@ -169,7 +195,7 @@ def print_error_summary(out: str, s: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table("code", "reason", "stage", "modality", "count", "example",
-                  title=escape(printable(f"{s['errors']} failed items in {out}")))
+                  title=escape(printable(f"{plural(s['errors'], 'failed item')} in {out}")))
     for g in s["groups"]:
         table.add_row(str(g["code"]), str(g["reason"]), str(g["stage"]), str(g["modality"] or "-"), str(g["count"]),
                       escape(printable(f"{g['example_id']}: {g['example']}"[:120])))
@@ -190,8 +216,8 @@ def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
     from rich.table import Table
 
     con = Console()
-    table = Table(title=f"{escape(r.out)}: {r.task_count} tasks", title_justify="left", box=None, padding=(0, 1),
-                  pad_edge=False)
+    table = Table(title=f"{escape(r.out)}: {plural(r.task_count, 'task')}", title_justify="left", box=None,
+                  padding=(0, 1), pad_edge=False)
     for name in ("task", "state", "encoded", "errors", "re-run", "updated"):
         table.add_column(name, no_wrap=True, justify="right" if name in ("task", "encoded", "errors") else "left")
     for name in ("host", "note"):
@@ -215,8 +241,8 @@ def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
 def duplicates_line(d: Any) -> str:
     """What `status` and `inspect` say of an output's duplicates (`status.Duplicates`)."""
     ex = printable(", ".join(f"{e['id']!r}/{e['modality']} in tasks {e['tasks']}" for e in d.examples))
-    return (f"{d.count} (id, modality) pairs in several tasks, {d.within_task} repeated within a task, "
-            f"{d.ids} ids encoded from more than one row" + (f"; e.g. {ex}" if ex else ""))
+    return (f"{plural(d.count, '(id, modality) pair')} in several tasks, {d.within_task} repeated within a task, "
+            f"{plural(d.ids, 'id')} encoded from more than one row" + (f"; e.g. {ex}" if ex else ""))
 
 
 def echo_err(text: str) -> None:

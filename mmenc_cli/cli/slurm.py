@@ -5,19 +5,19 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any, List, Optional
 
 import typer
 from typer.core import TyperCommand
 
+from ..clock import timestamp
 from ..errors import ConfigError, ExitCode, OutputError, SubmitError
 from ..slurm import SlurmOptions
 from .encode import default_model
 from .exits import fail, fatal_errors
 from .options import ModelOpt, OutOpt
-from .render import echo_err
+from .render import echo_err, plural
 
 _ENCODE_ARGS = "mmenc.encode_args"
 
@@ -125,7 +125,7 @@ def slurm(
     except SubmitError as exc:
         raise fail(str(exc), exc.exit_code) from None
     typer.echo(job)
-    echo_err(f"mmenc: submitted {path} as job {job}, {tasks} tasks; logs in {opts.logs}; "
+    echo_err(f"mmenc: submitted {path} as job {job}, {plural(tasks, 'task')}; logs in {opts.logs}; "
              f"follow with: mmenc status {shlex.quote(opts.out)}")
 
 
@@ -158,7 +158,7 @@ def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
         partition=o["partition"], time=o["time_limit"], gpus_per_task=o["gpus_per_task"],
         cpus_per_task=o["cpus_per_task"], mem=o["mem"], signal_before=o["signal_before"], requeue=o["requeue"],
         sbatch_args=tuple(o["sbatch_arg"] or ()), encode_args=tuple(encode_args),
-        generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        generated=timestamp())
     _check_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
                              "--task-count", str(opts.tasks), "--task-index", "0", *encode_args])
     return opts

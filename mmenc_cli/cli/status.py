@@ -11,7 +11,7 @@ import typer
 from ..errors import ExitCode
 from .exits import fatal_errors
 from .options import JsonOpt, OutArg
-from .render import print_status
+from .render import print_status, word
 
 
 def status(out: OutArg, json_out: JsonOpt = False,
@@ -40,7 +40,9 @@ def _rerun_hint(report: Any) -> str | None:
     if not report.rerun:
         return None
     tasks = ",".join(map(str, report.rerun))
+    what = f"re-run {word(len(report.rerun), 'task')} {tasks}"
     script = latest_script(report.out)
     if script:
-        return f"re-run tasks {tasks}: sbatch --array={tasks} {shlex.quote(str(script))}"
-    return f"re-run tasks {tasks}: mmenc encode ... --task-count {report.task_count} --task-index <each of {tasks}>"
+        return f"{what}: sbatch --array={tasks} {shlex.quote(str(script))}"
+    index = tasks if len(report.rerun) == 1 else f"<each of {tasks}>"
+    return f"{what}: mmenc encode ... --task-count {report.task_count} --task-index {index}"

@@ -26,7 +26,7 @@ import urllib.request
 from typing import Any
 
 from ..config import MediaConfig
-from ..errors import MMError, classify, trim_message
+from ..errors import MMError, classify, os_reason, trim_message
 from .sources import SUPPORTED_SOURCES, check_payload, check_size, describe_source, load_error
 
 #: Back-off before retry n (0-based) is min(CAP, BASE * 2**n) times a jitter in [0.5, 1].
@@ -342,11 +342,14 @@ def _network_error(exc: BaseException | str, shown: str, cfg: MediaConfig) -> Tr
     if isinstance(exc, http.client.InvalidURL):
         return load_error(f"invalid URL {shown}: {exc}", "media.invalid_source", exc)
     what = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, TimeoutError):
+    reason = os_reason(exc, connection=True)
+    if reason == "remote.timeout":
         return Transient(load_error(f"timed out after {cfg.fetch_timeout:g}s fetching {shown}: "
                                     f"{exc}", "remote.timeout", exc))
     if isinstance(exc, ssl.SSLCertVerificationError):  # retrying cannot fix a bad certificate
         return load_error(f"TLS certificate of {shown} rejected: {exc}", "remote.unavailable", exc)
+    if reason is not None:
+        return load_error(f"cannot fetch {shown}: {what}", reason, exc)
     if isinstance(exc, (OSError, http.client.HTTPException)):
         return Transient(load_error(f"cannot fetch {shown}: {what}", "remote.unavailable", exc))
     return classify(exc, "load")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import errno
 import os
 import re
 import stat
@@ -17,7 +16,7 @@ import urllib.parse
 from typing import Any, Callable, Iterator, TypeVar
 
 from ..config import MediaConfig
-from ..errors import MMError, classify, trim_message
+from ..errors import MMError, classify, os_reason, trim_message
 
 #: How sources may be written (paths need no scheme); named in the unsupported-scheme message.
 SUPPORTED_SOURCES = "local paths, file://, http://, https:// and data: URIs"
@@ -88,17 +87,6 @@ def check_payload(data: bytes, cfg: MediaConfig, what: str) -> bytes:
     return data
 
 
-_ERRNO_REASONS = {
-    errno.ENOENT: "media.not_found",
-    errno.ENOTDIR: "media.not_found",  # a component of the path is a file
-    errno.EACCES: "media.permission_denied",
-    errno.EPERM: "media.permission_denied",
-    errno.EISDIR: "media.is_directory",
-    errno.ENAMETOOLONG: "media.invalid_source",
-    errno.ELOOP: "media.invalid_source",
-}
-
-
 def read_file(path: str, cfg: MediaConfig) -> bytes:
     """Read a local file, checking type and size before reading a byte."""
     with _file_errors(path):
@@ -123,9 +111,9 @@ def check_file(path: str, cfg: MediaConfig) -> None:
 
 
 def file_error(exc: OSError) -> MMError | None:
-    """A local file's OSError as the load error it means (not found, permission denied, ...);
-    None for an error that says nothing of the file."""
-    reason = _ERRNO_REASONS.get(exc.errno or 0)
+    """A local file's OSError as the load error it means (not found, permission denied, ...: the
+    table `errors.OS_REASONS`); None for an error that says nothing of the file."""
+    reason = os_reason(exc)
     return None if reason is None else load_error(f"cannot read media file: {exc}", reason, exc)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import MediaConfig
-from ..errors import MMError
+from ..errors import MMError, os_reason
 from .sources import SUPPORTED_SOURCES, check_payload, check_size, describe_source, load_error
 
 #: the URL schemes read through fsspec (object stores, the Hugging Face hub, fsspec's memory store)
@@ -68,9 +68,11 @@ def store_file(url: str, cfg: MediaConfig) -> StoreFile:
 
 
 def store_error(exc: OSError, shown: str | None) -> MMError:
-    """A failure of the store as the load error it means."""
-    if isinstance(exc, FileNotFoundError):
-        return load_error(f"{shown} does not exist", "media.not_found", exc)
-    if isinstance(exc, PermissionError):
-        return load_error(f"{shown} is not readable for us: {exc}", "media.permission_denied", exc)
-    return load_error(f"cannot read {shown}: {exc}", "remote.unavailable", exc)  # worth a later retry
+    """A failure of the store as the load error it means (`errors.OS_REASONS`); one the table says
+    nothing of is the store's, worth a later retry."""
+    reason = os_reason(exc) or "remote.unavailable"
+    if reason == "media.not_found":
+        return load_error(f"{shown} does not exist", reason, exc)
+    if reason == "media.permission_denied":
+        return load_error(f"{shown} is not readable for us: {exc}", reason, exc)
+    return load_error(f"cannot read {shown}: {exc}", reason, exc)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import time
 from typing import Any
 
 from .. import __version__
+from ..clock import timestamp
 from ..config import DEFAULT_DECODE, RunConfig, fingerprint_fields
 from ..errors import ConfigError
 from ..encoders.base import Encoder
@@ -148,7 +148,7 @@ def write_task_meta(out: OutDir, cfg: RunConfig, state: str, counters: Counters,
     """Record this task's state, counts, timings and versions under `_mmenc/tasks/`."""
     path = out.task_meta_path(cfg.task_index)
     data = {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
-            "pid": os.getpid(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "manifests": list(cfg.manifests),
+            "pid": os.getpid(), "updated": timestamp(), "manifests": list(cfg.manifests),
             "devices": list(cfg.model.devices), "counters": counters.to_dict(), "elapsed": elapsed,
             "versions": library_versions(), "config": cfg.to_dict(),
             "threshold_exceeded": result.threshold_exceeded if result else None,

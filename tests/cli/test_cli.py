@@ -29,7 +29,8 @@ def test_samples_end_to_end_with_default_demo_model(tmp_path: Path) -> None:
     lines = res.stderr.splitlines()
     assert re.fullmatch(r"\d\d:\d\d:\d\d mmenc WARNING: no --model: using the bundled DEMO model .*demo_model "
                         r"\(random weights, meaningless embeddings\)", lines[0]), lines
-    assert re.fullmatch(rf"mmenc: 20 rows -> {re.escape(str(out))} in \d+\.\d s: 27 items encoded, 13 skipped",
+    assert re.fullmatch(rf"mmenc: 20 rows -> {re.escape(str(out))} in \d+\.\d s: 27 items encoded, "
+                        r"6 rows have no image, 7 rows have no text",
                         lines[1]), lines
     assert lines[2:] == ["  image  14 encoded", "  text   13 encoded"] and res.stdout == ""
     ids, mat = read_embeddings(out, "image")

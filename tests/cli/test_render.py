@@ -40,7 +40,8 @@ def test_a_clean_run_is_three_lines_with_no_zeros() -> None:
     c = counters(image={"requested": 14, "encoded": 14, "skipped": 6},
                  text={"requested": 13, "encoded": 13, "skipped": 7, "truncated": 1})
     c.add_row("rows", 20)
-    assert summary_lines(result(c)) == ["mmenc: 20 rows -> /data/out in 12.3 s: 27 items encoded, 13 skipped",
+    assert summary_lines(result(c)) == ["mmenc: 20 rows -> /data/out in 12.3 s: 27 items encoded, "
+                                        "6 rows have no image, 7 rows have no text",
                                         "  image  14 encoded", "  text   13 encoded (1 truncated)"]
 
 
@@ -50,13 +51,14 @@ def test_failures_get_a_line_per_code_and_where_to_look() -> None:
     c.add_row("rows", 16)
     c.add_row("invalid", 2)
     lines = summary_lines(result(c, state="interrupted", threshold_exceeded="5 errors > --max-errors 1"))
-    assert lines[0] == "mmenc: interrupted after 16 rows -> /data/out in 12.3 s: 8 items encoded, 4 failed, 2 invalid rows"
+    assert lines[0] == ("mmenc: interrupted after 16 rows -> /data/out in 12.3 s: 8 items encoded, 4 items failed, "
+                        "2 invalid rows")
     assert lines[1:] == [
         "  image  6 encoded, 4 failed, 2 encoded earlier",
         "  text   2 encoded, 1 failed earlier, not retried, 1 not attempted",
         "  404 not found: 3", "  415 unsupported: 1", "  invalid rows (lines, samples, shards): 2",
         "  see: mmenc errors summary /data/out",
-        "  1 items not attempted: re-run the same command to finish them",
+        "  1 item not attempted: re-run the same command to finish it",
         "  error threshold exceeded: 5 errors > --max-errors 1"]
     assert c.balanced  # 16 + 2 == (8 + 2) + (4 + 1 + 2) + 1
 

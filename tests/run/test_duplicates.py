@@ -82,7 +82,7 @@ def test_ids_two_concurrent_tasks_both_encoded_are_listed_by_status_and_inspect(
     dups = json.loads(status.stdout)["duplicates"]
     assert dups["ids"] == 1 and dups["count"] == 1 and dups["examples"][0]["id"] == "x"
     inspected = runner.invoke(app, ["inspect", str(out)])
-    assert inspected.exit_code == 4 and "1 ids encoded from more than one row" in inspected.output
+    assert inspected.exit_code == 4 and "1 id encoded from more than one row" in inspected.output
 
 
 def test_a_resume_reads_key_files_not_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ from .config import DEFAULT_MAX_ROW_BYTES
 from .errors import ManifestError, MMError, OutputError, printable, trim_message
 from .idset import HashSet64, id_hash
 from .outdir import OutDir, iter_shard_keys
-from .readers import read_raw_row, source_format
+from .readers import format_of, read_raw_row
 from .records import MODALITIES
 
 
@@ -291,11 +291,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-#: input formats whose rows `retry` rewrites as JSONL rows (the others keep their own fields)
-_REWRITTEN = frozenset({"tar", "folder", "i2d-files", "i2d-parquet"})
 _UNLIMITED = 1 << 62
-#: input formats whose records are found by their key (a relative path), not their offset
-_KEYED = frozenset({"folder", "i2d-files"})
 
 
 def retryable_whole(row: dict[str, Any]) -> bool:
@@ -304,7 +300,7 @@ def retryable_whole(row: dict[str, Any]) -> bool:
     if row.get("modality") is not None or row.get("reason") != "manifest.row_too_large" or row.get("id") is None:
         return False
     try:
-        return source_format(str(row.get("manifest"))) in _REWRITTEN
+        return format_of(str(row.get("manifest"))).rewritten
     except ManifestError:  # the input is gone: nothing to rebuild
         return False
 
@@ -314,9 +310,10 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
     members included, as data URIs), kept fields, and only the failed modalities' fields. A row of a
     manifest keeps its own fields; a sample of a tar shard or a folder becomes a JSONL row under the
     keys `--id-key`/`--image-key`/`--text-key`/`--audio-key`/`--video-key` name (`id`, `image`,
-    `text`, `audio`, `video` by default). Invalid lines are skipped."""
+    `text`, `audio`, `video` by default): the input's format says which (`Format.rewritten`), how
+    its record is found (`Format.keyed`) and where its relative media paths start. Invalid lines
+    are skipped."""
     from .config import ManifestConfig
-    from .readers.validate import keys_for
 
     run = OutDir(out).read_run_meta()
     given = ((run if isinstance(run, dict) else {}).get("config") or {}).get("manifest") or {}
@@ -331,14 +328,14 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
         entry = (set(), r.get("id"), int(r["offset"]))
         by_row.setdefault((r["manifest"], row_locator(r)), entry)[0].update(wanted)
     for (manifest, locator), (modalities, row_id, offset) in sorted(by_row.items()):
-        fmt = source_format(manifest)
-        keys = keys_for(fmt, cfg)
+        fmt = format_of(manifest)
+        keys = fmt.keys(cfg)
         whole = modalities == set(MODALITIES)  # a sample over --max-row-bytes: read it whatever its size
-        raw = dict(read_raw_row(manifest, offset, key=locator if fmt in _KEYED else None,
+        raw = dict(read_raw_row(manifest, offset, key=locator if fmt.keyed else None,
                                 limit=_UNLIMITED if whole else DEFAULT_MAX_ROW_BYTES))
         found = {m: next((k for k in cands if raw.get(k) is not None), cands[0]) for m, cands in keys.media}
-        base = manifest if fmt in ("folder", "i2d-files") else os.path.dirname(os.path.abspath(manifest))
-        if fmt in _REWRITTEN:
+        base = fmt.base_dir(manifest)
+        if fmt.rewritten:
             named = {"image": cfg.image_key, "audio": cfg.audio_key, "video": cfg.video_key}
             written = {m: named[m] or m for m in found}
             raw = {cfg.id_key or "id": row_id, **{k: raw.get(k) for k in keys.keep},
@@ -355,7 +352,7 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
             raw.pop(text_key, None)
         if isinstance(raw.get(id_key), int):
             raw[id_key] = str(raw[id_key])
-        yield {k: _jsonable(v) for k, v in raw.items() if v is not None or fmt not in _REWRITTEN}
+        yield {k: _jsonable(v) for k, v in raw.items() if v is not None or not fmt.rewritten}
 
 
 def _absolute_media(value: Any, base: str) -> Any:

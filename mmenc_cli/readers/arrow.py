@@ -6,7 +6,7 @@ the stream format); it is read record batch by record batch, only the columns a 
 split's, in `dataset_dict.json`'s order). The `Image` feature's `{bytes, path}` struct gives the
 image's bytes (or its path). Task slices: record batch b of a file belongs to task b % k;
 `offset` is the row's index in the file. Each batch is validated before its rows are made
-(`batches.py`); a data file the listing names that is gone is one error row (`plan.py`).
+(`batches.py`); a data file the listing names that is gone is one error row (`missing.py`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from ..errors import ManifestError
+from ..config import ManifestConfig
+from ..errors import ManifestError, MMError
 from . import files
 from .batches import checked_records, checked_row, lost_rows, read_errors
 from .lines import Raw
+from .missing import MISSING
+from .registry import SPREAD, Format, Part, Planned, Source, register
 from .validate import Keys, check_columns
 
 
@@ -122,3 +125,36 @@ def arrow_record(path: str, offset: int) -> dict[str, Any]:
     except read_errors() as exc:
         raise ManifestError(f"{path} cannot be read from row {row} on: {exc}") from None
     raise ManifestError(f"row {offset} is past the end of {path} ({row} rows)")
+
+
+class Arrow(Format):
+    """`.arrow` (IPC file or stream): every k-th record batch to task i of k."""
+
+    name, extensions, slicing = "arrow", (".arrow",), SPREAD
+
+    def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Raw]:
+        """The rows of the task's record batches."""
+        return arrow_records(src.path, self.keys(cfg), part.pick)
+
+    def record(self, path: str, offset: int, limit: int,
+               key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
+        """Row `offset`, all its columns."""
+        return arrow_record(path, offset), None
+
+
+class SavedDataset(Arrow):
+    """A `save_to_disk` folder (a `state.json`, or a `dataset_dict.json` of splits): its data
+    files are Arrow files, read as such; a listed one that is gone is a missing source."""
+
+    name, extensions, rank = "saved-dataset", (), -2
+
+    def expand(self, folder: str) -> list[Planned] | None:
+        """Its data files in order, or None when `folder` is not a saved dataset."""
+        listed = data_files(folder)
+        if listed is None:
+            return None
+        return [(self, p, 0, None) if files.info(p).exists else (MISSING, p, 0, by) for p, by in listed]
+
+
+ARROW = register(Arrow())
+SAVED_DATASET = register(SavedDataset())

@@ -1,4 +1,8 @@
-"""CSV and TSV manifests: a header line, then one record per row (quoted fields may span lines)."""
+"""CSV and TSV manifests: a header line, then one record per row (quoted fields may span lines).
+
+Task slices: byte ranges (`slicing.py` says how a record spanning lines is handled); `offset`
+is the byte offset of the record's first byte, what `mmenc errors retry` rereads.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ from typing import IO, Any, Iterator
 from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
 from . import files
-from .formats import Source
-from .lines import BOM, Raw, row_too_large, sync
+from .lines import BOM, Raw, check_line_start, open_text, row_too_large, sync
+from .registry import RANGES, Format, Part, Source, register
 from .validate import Keys, check_columns
 
 
@@ -128,12 +132,11 @@ class LineFeed:
         self.pos, self.line = pos, line
 
 
-def open_csv(fh: IO[bytes], fmt: str, limit: int) -> tuple[LineFeed, Any]:
+def open_csv(fh: IO[bytes], delimiter: str, limit: int) -> tuple[LineFeed, Any]:
     """A line feed and a csv reader over it (the csv module's own field limit raised to `limit`,
     which the feed enforces per record in bytes)."""
     if csv.field_size_limit() < limit:
         csv.field_size_limit(limit)
-    delimiter = "\t" if fmt == "tsv" else ","
     feed = LineFeed(fh, 0, 1, delimiter, limit)
     return feed, csv.reader(feed, delimiter=delimiter)
 
@@ -191,10 +194,12 @@ def csv_record(header: list[str], fields: list[str] | None, error: MMError | Non
     return record, None
 
 
-def csv_records(src: Source, keys: Keys, cfg: ManifestConfig, a: int, b: int, multiline: bool) -> Iterator[Raw]:
-    """CSV/TSV records starting in [a, b), by seeking (default) or by parsing from the top."""
+def csv_records(src: Source, keys: Keys, cfg: ManifestConfig, span: tuple[int, int], delimiter: str) -> Iterator[Raw]:
+    """CSV/TSV records starting in `span` = [a, b), by seeking (default) or by parsing from the top
+    (`cfg.csv_multiline`)."""
+    (a, b), multiline = span, cfg.csv_multiline
     with files.open_binary(src.path) as fh:
-        feed, reader = open_csv(fh, src.fmt, cfg.max_row_bytes)
+        feed, reader = open_csv(fh, delimiter, cfg.max_row_bytes)
         header = csv_header(reader, src.path, keys)
         if header is None:
             return
@@ -213,3 +218,40 @@ def csv_records(src: Source, keys: Keys, cfg: ManifestConfig, a: int, b: int, mu
                     "(--csv-multiline), run one task, or convert the manifest to JSONL/Parquet")
             record, error = csv_record(header, fields, error, feed)
             yield line, start, record, error
+
+
+def csv_row_at(path: str, delimiter: str, offset: int, limit: int) -> tuple[dict[str, Any] | None, MMError | None]:
+    """The CSV/TSV record starting at byte `offset` (for `mmenc errors retry`)."""
+    with open_text(path) as fh:
+        feed, reader = open_csv(fh, delimiter, limit)
+        header = csv_header(reader, path, None)
+        if header is None or offset < feed.pos:
+            raise ManifestError(f"offset {offset} of {path} is not a CSV row (header or empty file)")
+        check_line_start(fh, path, offset)
+        feed.seek(offset, None)
+        for _, _, fields, error in csv_parse(reader, feed, offset + 1):
+            return csv_record(header, fields, error, feed)
+        raise ManifestError(f"no record at offset {offset} of {path}")
+
+
+class Delimited(Format):
+    """CSV (`.csv`) or TSV (`.tsv`): read by byte ranges, split at the `delimiter`."""
+
+    slicing = RANGES
+
+    def __init__(self, name: str, extension: str, delimiter: str) -> None:
+        self.name, self.extensions, self.delimiter = name, (extension,), delimiter
+
+    def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Raw]:
+        """The records starting in the task's byte range."""
+        assert part.b is not None
+        return csv_records(src, self.keys(cfg), cfg, (part.a, part.b), self.delimiter)
+
+    def record(self, path: str, offset: int, limit: int,
+               key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
+        """The record at byte `offset`."""
+        return csv_row_at(path, self.delimiter, offset, limit)
+
+
+CSV = register(Delimited("csv", ".csv", ","))
+TSV = register(Delimited("tsv", ".tsv", "\t"))

@@ -10,6 +10,7 @@ it supplies fields for `--keep`. The walk is a stream: nothing but the current f
 is held.
 
 Task slices: sample n (in walk order) belongs to task n % k; `offset` is n, and `line` is None.
+A sample is found again by its relative path (its `key`), since its place in the walk moves.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import json
 import posixpath
 from typing import Any, Iterator
 
-from ..errors import MMError
+from ..config import ManifestConfig
+from ..errors import ManifestError, MMError
 from . import files
 from .lines import Raw, row_too_large
+from .registry import SPREAD, Format, Part, Planned, Record, Source, register
+from .validate import Keys
 
 #: image files a folder manifest picks up (lower-cased suffixes)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -136,3 +140,57 @@ def _read_sibling(root: str, rel: str, limit: int) -> bytes | None:
         raise _TooLarge(found.size)
     with files.open_binary(path) as fh:
         return fh.read(limit + 1)
+
+
+def folder_record(root: str, offset: int, rel: str | None, limit: int) -> tuple[dict[str, Any] | None, MMError | None]:
+    """A folder's sample by its relative path (its place in the walk moves as files come and go;
+    only a row written before samples had keys is found by it)."""
+    if rel is not None:
+        if not files.info(files.join(root, *rel.split("/"))).exists:
+            raise ManifestError(f"{root} has no file {rel} any more: has the folder changed since the run?")
+        return sample(root, rel, limit)
+    for n, (first, found) in enumerate(walk(root)):
+        if n == offset:
+            return sample(root, first, limit, found)
+    raise ManifestError(f"{root} has no sample number {offset}: has the folder changed since the run?")
+
+
+class Folder(Format):
+    """A folder of media files (any folder no other format claims): every k-th sample, found
+    again by its relative path; media paths relative to the folder; fixed keys."""
+
+    name, slicing, rank, keyed, rewritten = "folder", SPREAD, 1, True, True
+    id_key = "__key__"  # the relative path of the sample's first file
+
+    def expand(self, folder: str) -> list[Planned] | None:
+        """The folder itself is the source."""
+        return [(self, folder, 0, None)]
+
+    def recognizes(self, path: str, is_dir: bool) -> bool:
+        """Any folder."""
+        return is_dir
+
+    def keys(self, cfg: ManifestConfig) -> Keys:
+        """The sample's own media and `.txt` (only the id may be another `.json` field)."""
+        return Keys(cfg.id_key or self.id_key, ("__image__",), "__text__", tuple(cfg.keep), ("__audio__",),
+                    ("__video__",))
+
+    def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Record]:
+        """The task's every k-th sample (all of them for a whole `part`)."""
+        return folder_records(src.path, part.pick, cfg.max_row_bytes)
+
+    def record(self, path: str, offset: int, limit: int,
+               key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
+        """The sample at `key` (else the `offset`-th of the walk)."""
+        return folder_record(path, offset, key, limit)
+
+    def base_dir(self, path: str) -> str:
+        """The folder."""
+        return path
+
+    def key_of(self, record: dict[str, Any] | None) -> str | None:
+        """The relative path of the sample's first file."""
+        return None if record is None else record.get("__key__")
+
+
+FOLDER = register(Folder())

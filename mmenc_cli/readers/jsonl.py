@@ -1,4 +1,9 @@
-"""JSON lines manifests (`.jsonl`, `.ndjson`, and gzip-compressed): one JSON object a line."""
+"""JSON lines manifests (`.jsonl`, `.ndjson`, and gzip-compressed): one JSON object a line.
+
+Task slices: a plain file by byte ranges (a record belongs to the task whose range holds its first
+byte); a `.gz` file, which cannot be seeked, by every k-th non-blank line. `offset` is the byte
+offset of the line's first byte (uncompressed for `.gz`), what `mmenc errors retry` rereads.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import json
 import zlib
 from typing import Any, Iterator
 
+from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
-from .lines import BOM, Raw, open_text, read_line, row_too_large, sync
+from .lines import BOM, Raw, check_line_start, open_text, read_line, row_too_large, sync
+from .registry import RANGES, SPREAD, Format, Part, Source, register
 from .validate import kind
 
 
@@ -54,3 +61,46 @@ def jsonl_records(path: str, a: int, b: int | None, limit: int,
                 continue
             record, error = decode_json(raw)
             yield here, start, record, error
+
+
+def jsonl_line(path: str, offset: int, limit: int) -> tuple[dict[str, Any] | None, MMError | None]:
+    """The JSON line starting at byte `offset` (for `mmenc errors retry`)."""
+    with open_text(path) as fh:
+        check_line_start(fh, path, offset)
+        raw, size = read_line(fh, limit)
+        if raw is None:
+            return None, row_too_large(size, limit)
+        if offset == 0 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        if not raw.strip():
+            raise ManifestError(f"no record at offset {offset} of {path}")
+        return decode_json(raw)
+
+
+class Jsonl(Format):
+    """`.jsonl`/`.ndjson`: read by byte ranges."""
+
+    name, extensions, slicing = "jsonl", (".jsonl", ".ndjson"), RANGES
+
+    def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Raw]:
+        """The lines starting in the task's byte range."""
+        return jsonl_records(src.path, part.a, part.b, cfg.max_row_bytes)
+
+    def record(self, path: str, offset: int, limit: int,
+               key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
+        """The line at byte `offset`."""
+        return jsonl_line(path, offset, limit)
+
+
+class JsonlGz(Jsonl):
+    """`.jsonl.gz`/`.ndjson.gz`: decompressed by every task, every k-th line kept."""
+
+    name, extensions, slicing = "jsonl.gz", (".jsonl.gz", ".ndjson.gz"), SPREAD
+
+    def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Raw]:
+        """The task's every k-th non-blank line."""
+        return jsonl_records(src.path, 0, None, cfg.max_row_bytes, pick=part.pick)
+
+
+JSONL = register(Jsonl())
+JSONL_GZ = register(JsonlGz())

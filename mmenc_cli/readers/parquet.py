@@ -5,17 +5,21 @@ Damage never ends the run: a file whose footer cannot be read is one `manifest.b
 decoded (or decodes to fewer rows than the footer says) is one such row for its rows, and the file
 is read on from the next row group, each row at the index the footer gives it; a batch that
 decodes is validated in full before it becomes records (`batches.py`).
+
+Task slices: row r of a file of N rows and S bytes sits at byte r*S//N of its room in the byte
+space (`slicing.py`); an empty file is one task's. `offset` is the row's index in the file.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterator
 
+from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
 from . import files
 from .batches import checked_records, checked_row, lost_rows, read_errors
-from .formats import Source
 from .lines import Raw
+from .registry import RANGES, Format, Part, Source, register
 from .validate import Keys, check_columns
 
 PARQUET_BATCH = 256  # rows converted to Python at once: inline images make rows large
@@ -131,3 +135,29 @@ def parquet_record(path: str, offset: int) -> dict[str, Any]:
         except read_errors() as exc:
             raise ManifestError(f"{path} cannot be read at row {offset}: {exc}") from None
     raise ManifestError(f"row {offset} not found in {path}")  # metadata and data disagree
+
+
+class Parquet(Format):
+    """`.parquet`: rows placed by size in the byte space, each task reading the row groups its rows are in."""
+
+    name, extensions, slicing = "parquet", (".parquet",), RANGES
+
+    def taken_whole(self, src: Source) -> bool:
+        """An empty file's one error row belongs to one task."""
+        return src.size == 0
+
+    def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Raw]:
+        """The rows placed in the task's byte range (an empty file: its error row)."""
+        if src.size == 0:
+            return iter([(None, 0, None, MMError(f"{src.path} is empty (0 bytes): not a Parquet file", stage="read",
+                                                 reason="manifest.bad_shard"))])
+        assert part.b is not None
+        return parquet_records(src, self.keys(cfg), part.a, part.b)
+
+    def record(self, path: str, offset: int, limit: int,
+               key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
+        """Row `offset`, all its columns."""
+        return parquet_record(path, offset), None
+
+
+PARQUET = register(Parquet())

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import ManifestError
-from . import arrow, files, img2dataset
-from .formats import SPREAD, Source, detect_format
+from . import files
+from .missing import MISSING
+from .registry import SPREAD, Planned, Source, by_extension, folder_sources
 
 
 def plan(inputs: Sequence[str]) -> list[Source]:
@@ -22,29 +23,19 @@ def plan(inputs: Sequence[str]) -> list[Source]:
         for path, from_pattern in files.expand(given):
             for fmt, source, size, meta in _sources(given, path, from_pattern):
                 start = sources[-1].start + sources[-1].size if sources else 0
-                sources.append(Source(source, fmt, start, 0 if fmt in SPREAD else size, meta))
+                sources.append(Source(source, fmt, start, 0 if fmt.slicing == SPREAD else size, meta))
     return sources
 
 
-def _sources(given: str, path: str, from_pattern: bool) -> list[tuple[str, str, int, str | None]]:
-    """(format, path, size, metadata) of the sources of one existing or pattern-made path; a
-    missing img2dataset shard takes no room (its one error row goes to the task at its place)."""
+def _sources(given: str, path: str, from_pattern: bool) -> list[Planned]:
+    """(format, path, size, metadata) of the sources of one existing or pattern-made path: a file
+    by its extension, a folder by what it holds (`registry.folder_sources`); a missing name takes
+    no room (its one error row goes to the task at its place)."""
     found = files.info(path)
     if not found.exists:
         if from_pattern:
-            return [("missing", path, 0, None)]
+            return [(MISSING, path, 0, None)]
         raise ManifestError(f"manifest not found: {given}")
     if not found.is_dir:
-        return [(detect_format(path), path, found.size, None)]
-    listed = arrow.data_files(path)
-    if listed is not None:  # a data file its state.json names but that is gone: one error row
-        return [("arrow", p, 0, None) if files.info(p).exists else ("missing", p, 0, by) for p, by in listed]
-    shards = img2dataset.shards(path)
-    if shards is not None:
-        return [(s.fmt, s.data, _size(s.data if s.fmt != "i2d-files" else s.meta), s.meta) for s in shards]
-    return [("folder", path, 0, None)]
-
-
-def _size(path: str) -> int:
-    found = files.info(path)
-    return found.size if found.exists else 0
+        return [(by_extension(path), path, found.size, None)]
+    return folder_sources(path)

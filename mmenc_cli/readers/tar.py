@@ -10,7 +10,8 @@ empty, or truncated or corrupt from some byte on, keeps what was read and report
 error row naming the shard and the byte offset; the run goes on with the next shard.
 
 `offset` is the byte offset of the sample's first member header, `line` the member's 1-based
-index in the shard: what `mmenc errors retry` rereads (`read_sample`).
+index in the shard: what `mmenc errors retry` rereads (`read_sample`). Task slices: whole shards,
+placed in the byte space by size.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import json
 import posixpath
 from typing import Any, Iterator
 
+from ..config import ManifestConfig
 from ..errors import MMError
 from . import files
 from .lines import Raw
+from .registry import WHOLE, Format, Part, Record, Source, register
 from .tarstream import Cut, Damage, Member, TarStream, open_tar_stream
+from .validate import TAR_AUDIO, TAR_IMAGES, TAR_VIDEO, Keys, option_keys
 
 #: suffixes whose members are text (decoded as UTF-8) or JSON
 TEXT_SUFFIXES = ("txt", "text", "caption", "cls", "id")
@@ -308,3 +312,26 @@ def read_sample(path: str, offset: int, limit: int) -> tuple[dict[str, Any] | No
         if start == offset:
             return record, error
     return None, _bad(f"{path} has no sample at byte {offset}: has the shard changed since the run?")
+
+
+class Tar(Format):
+    """WebDataset shards (`.tar`, `.tar.gz`, `.tgz`): whole shards; a sample's id is its key, its
+    image, audio and video the first member of their suffixes, its text the `txt` member."""
+
+    name, extensions, slicing, rewritten = "tar", (".tar", ".tar.gz", ".tgz"), WHOLE, True
+
+    def keys(self, cfg: ManifestConfig) -> Keys:
+        """`__key__`, the image, audio and video suffixes in order, `txt` (or the options)."""
+        return option_keys(cfg, "__key__", TAR_IMAGES, "txt", TAR_AUDIO, TAR_VIDEO)
+
+    def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Record]:
+        """Every sample of the shard."""
+        return tar_records(src.path, cfg.max_row_bytes)
+
+    def record(self, path: str, offset: int, limit: int,
+               key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
+        """The sample whose first member header is at byte `offset`."""
+        return read_sample(path, offset, limit)
+
+
+TAR = register(Tar())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -24,7 +23,7 @@ TAR_VIDEO = ("mp4", "webm", "mkv", "mov")
 @dataclass(frozen=True, slots=True)
 class Keys:
     """Which record keys hold a row's id, image, audio and video (each the first present of its
-    candidates), text and kept fields, resolved for one input format (`keys_for`)."""
+    candidates), text and kept fields, resolved for one input format (`Format.keys`)."""
 
     id: str
     image: tuple[str, ...]
@@ -44,27 +43,17 @@ class Keys:
         return ("image", self.image), ("audio", self.audio), ("video", self.video)
 
 
-def keys_for(fmt: str, cfg: ManifestConfig) -> Keys:
-    """The keys of `fmt` with the options given: `--id-key`, `--image-key`, `--text-key` default to
-    `id`, `image`, `text` for manifests; to the sample key, the first of jpg, jpeg, png, webp and
-    `txt` for WebDataset tars (and img2dataset's Parquet layout: `key`, those columns, `caption`);
-    folders name their own (the relative path, the file, a .txt beside)."""
-    keep = tuple(cfg.keep)
+def option_keys(cfg: ManifestConfig, id_key: str, image: tuple[str, ...], text: str,
+                audio: tuple[str, ...] = ("audio",), video: tuple[str, ...] = ("video",)) -> Keys:
+    """A format's default keys with the options given over them: `--id-key`, `--image-key`,
+    `--text-key`, `--audio-key` and `--video-key` each replace one default (a format's
+    `Format.keys`; manifests default to `id`, `image`, `text`, `audio`, `video`)."""
 
     def given(key: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
         return (key,) if key else default
 
-    audio, video = given(cfg.audio_key, ("audio",)), given(cfg.video_key, ("video",))
-    if fmt == "tar":
-        return Keys(cfg.id_key or "__key__", given(cfg.image_key, TAR_IMAGES), cfg.text_key or "txt", keep,
-                    given(cfg.audio_key, TAR_AUDIO), given(cfg.video_key, TAR_VIDEO))
-    if fmt in ("folder", "i2d-files"):  # img2dataset's files: the id is the key, the file's stem
-        return Keys(cfg.id_key or ("__stem__" if fmt == "i2d-files" else "__key__"), ("__image__",), "__text__",
-                    keep, ("__audio__",), ("__video__",))
-    if fmt == "i2d-parquet":
-        return Keys(cfg.id_key or "key", given(cfg.image_key, TAR_IMAGES), cfg.text_key or "caption", keep,
-                    audio, video)
-    return Keys(cfg.id_key or "id", given(cfg.image_key, ("image",)), cfg.text_key or "text", keep, audio, video)
+    return Keys(cfg.id_key or id_key, given(cfg.image_key, image), cfg.text_key or text, tuple(cfg.keep),
+                given(cfg.audio_key, audio), given(cfg.video_key, video))
 
 
 def check_columns(names: Sequence[str], path: str, keys: Keys) -> None:
@@ -79,13 +68,12 @@ def check_columns(names: Sequence[str], path: str, keys: Keys) -> None:
 
 
 def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | None,
-           error: MMError | None, keys: Keys, base_dir: str | None = None) -> ManifestRow | InvalidRow:
+           error: MMError | None, keys: Keys, base_dir: str, place: str | None = None) -> ManifestRow | InvalidRow:
     """Validate one record into a ManifestRow, or an InvalidRow saying which key is wrong.
-    Relative image paths resolve against `base_dir` (default: the manifest's folder). A folder's
-    sample (a `base_dir` given) is named by its relative path, which does not move when files are
-    added or removed (its offset, the place in the walk, does)."""
+    Relative media paths resolve against `base_dir`. `place` is the record's key where its
+    format finds records by key (a folder's sample: its relative path, which does not move when
+    files are added or removed; its offset, the place in the walk, does)."""
     row_id = _valid_id(record, keys.id)
-    place = record.get("__key__") if base_dir is not None and record is not None else None
     if error is not None:
         return InvalidRow(path, line, offset, error, row_id, place)
     assert record is not None
@@ -117,7 +105,7 @@ def to_row(path: str, line: int | None, offset: int, record: dict[str, Any] | No
                        "manifest.empty_row")
     return ManifestRow(id=row_id, manifest=path, line=line, offset=offset, image=media["image"], text=text,
                        keep={key: record.get(key) for key in keys.keep},
-                       base_dir=base_dir if base_dir is not None else os.path.dirname(path),
+                       base_dir=base_dir,
                        audio=media["audio"], video=media["video"], key=place)
 
 

@@ -272,3 +272,10 @@ class LockBusy(RunError):
 
 class LockWaitInterrupted(Exception):
     """A stop signal arrived while waiting for a task lock (--wait-lock); the run ends interrupted."""
+
+
+def timestamp() -> str:
+    """Now, as every record mmenc writes gives it (local time with its UTC offset)."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

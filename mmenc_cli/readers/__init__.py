@@ -36,7 +36,7 @@ from .reread import read_record, source_format
 from .slicing import iter_slice
 from .validate import keys_for, to_row
 
-__all__ = ["ManifestError", "detect_format", "expand", "is_url", "iter_rows", "read_raw_row", "read_row",
+__all__ = ["ManifestError", "detect_format", "expand", "is_url", "iter_rows", "read_raw_row", "read_row", "record_has_id",
            "source_format"]
 
 
@@ -74,3 +74,12 @@ def read_row(manifest: str, offset: int, cfg: ManifestConfig, line: int | None =
     record, error = read_record(path, offset, cfg.max_row_bytes, key)
     return to_row(path, line, offset, record, error, keys_for(fmt, cfg),
                   path if fmt in ("folder", "i2d-files") else None)
+
+
+def record_has_id(manifest: str, offset: int, row_id: str, cfg: ManifestConfig) -> bool:
+    """Whether the record at `offset` of `manifest` still has id `row_id` (False when the input is
+    gone or changed there): how a resume tells a second row of an id from a row that moved."""
+    try:
+        return read_row(manifest, offset, cfg).id == row_id
+    except (ManifestError, OSError, ValueError):
+        return False

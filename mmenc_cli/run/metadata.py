@@ -2,8 +2,8 @@
 
 `run.json` (written once per output) holds the fingerprint of the options that change the vectors
 or the schema, the facts of the model that made them and the config; every later run must match
-its fingerprint (`resume.check_output`). `tasks/task-NNNNN.json` is rewritten at each task's
-start and end: state, counters, seconds, versions, the config and how the forward ran.
+its fingerprint (`admission.py`). `tasks/task-NNNNN.json` is rewritten at each task's start and
+end (`task_record`): state, counters, seconds, versions, the config and how the forward ran.
 """
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import time
 from typing import Any
 
 from .. import __version__
 from ..config import DEFAULT_FRAMES, RunConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, timestamp
 from ..encoders.base import Encoder
 from ..encoders.libraries import canonical_model, model_path
-from ..outdir import OutDir, read_json
 from .counters import Counters, RunResult
 
 #: options that change the vectors or the output's schema: a run must match the output's
@@ -145,19 +143,14 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def write_task_meta(out: OutDir, cfg: RunConfig, state: str, counters: Counters, elapsed: float,
-                    result: RunResult | None = None, error: str | None = None) -> None:
-    """Record this task's state, counts, timings and versions under `_mmenc/tasks/`."""
-    path = out.task_meta_path(cfg.task_index)
-    data = {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
-            "pid": os.getpid(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "manifests": list(cfg.manifests),
+def task_record(cfg: RunConfig, state: str, counters: Counters, elapsed: float,
+                result: RunResult | None = None, error: str | None = None) -> dict[str, Any]:
+    """The task's record of itself (`tasks/task-NNNNN.json`): state, counts, timings, versions."""
+    return {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
+            "pid": os.getpid(), "updated": timestamp(), "manifests": list(cfg.manifests),
             "devices": list(cfg.model.devices), "counters": counters.to_dict(), "elapsed": elapsed,
             "versions": library_versions(), "config": cfg.to_dict(),
             "threshold_exceeded": result.threshold_exceeded if result else None,
             "model_loaded": result.model_loaded if result else None,
             "forward": result.forward if result else None, "error": error,
             "events": (result.events if result else [])[-50:]}
-    previous = read_json(path)
-    if state == "running" and isinstance(previous, dict):
-        data["previous_state"] = previous.get("state")
-    out.write_task_meta(cfg.task_index, data)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import LockBusy, LockWaitInterrupted, OutputError
+from ..errors import LockBusy, LockWaitInterrupted, OutputError, timestamp
 
 __all__ = ["LockBusy", "LockWaitInterrupted", "TaskLock"]
 
@@ -82,7 +82,7 @@ class TaskLock:
                 if stop is None:
                     time.sleep(poll)
         info = {"host": socket.gethostname(), "pid": os.getpid(),
-                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "since": timestamp()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd

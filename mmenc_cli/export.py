@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import OutputError
-from .outdir import OutDir, fsync_dir
+from .output import OutDir
+from .output.fs import LOCAL
 
 MANIFEST = "manifest.jsonl"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -99,9 +99,17 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
     dest = Path(dest).expanduser().absolute()
     _prepare_dest(dest, overwrite)
     framework = "pt" if dtype == "bfloat16" else "np"
-    tmp_manifest = dest / f".{MANIFEST}.tmp"
-    items = tokens = 0
-    with open(tmp_manifest, "w", encoding="utf-8") as fh:
+    counts = [0, 0]  # items, tokens
+    LOCAL.publish(dest / MANIFEST, lambda path: _write_items(path, od, dest, framework, dtype, facts, counts))
+    return ExportResult(str(dest), counts[0], counts[1], dtype, str(dest / MANIFEST))
+
+
+def _write_items(manifest: Path, od: OutDir, dest: Path, framework: str, dtype: str | None, facts: dict[str, Any],
+                 counts: list[int]) -> None:
+    """Each image's and video clip's token embedding as a file in `dest`, and its line in `manifest`."""
+    from .reader import iter_token_embeddings
+
+    with open(manifest, "w", encoding="utf-8") as fh:
         for emb in iter_token_embeddings(od.root, modality=None, framework=framework):
             if emb.modality not in ("image", "video"):
                 continue
@@ -116,13 +124,8 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
             if seconds is not None:
                 row["second_per_grid_ts"] = seconds
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-            items += 1
-            tokens += row["tokens"]
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp_manifest, dest / MANIFEST)
-    fsync_dir(dest)
-    return ExportResult(str(dest), items, tokens, dtype, str(dest / MANIFEST))
+            counts[0] += 1
+            counts[1] += row["tokens"]
 
 
 def _prepare_dest(dest: Path, overwrite: bool) -> None:
@@ -152,31 +155,28 @@ def _second_per_grid(emb: Any, facts: dict[str, Any]) -> float | None:
 
 def _write_item(path: Path, array: Any, grid: tuple[int, int, int], framework: str, modality: str,
                 seconds: float | None = None) -> None:
-    """Write one item's tensors (`image_...` or `video_...`, and a clip's `second_per_grid_ts`)
-    atomically (temp name, fsync, rename)."""
+    """Write one item's tensors (`image_...` or `video_...`, and a clip's `second_per_grid_ts`),
+    whole or not at all (the output's one atomic write)."""
     import numpy as np
 
-    tmp = path.with_name(f".{path.name}.tmp")
     meta = {"format": f"vllm-{modality}-embeds", "producer": "mmenc"}
     extra = {f"{modality}_grid_thw": np.asarray([grid], dtype=np.int64)}
     if seconds is not None:
         extra["second_per_grid_ts"] = np.asarray([seconds], dtype=np.float32)
-    if framework == "pt":
-        import torch
-        from safetensors.torch import save_file as save_torch
 
-        save_torch({f"{modality}_embeds": array.contiguous(), **{k: torch.from_numpy(v) for k, v in extra.items()}},
-                   str(tmp), metadata=meta)
-    else:
-        from safetensors.numpy import save_file
+    def save(tmp: Path) -> None:
+        if framework == "pt":
+            import torch
+            from safetensors.torch import save_file as save_torch
 
-        save_file({f"{modality}_embeds": np.ascontiguousarray(array), **extra}, str(tmp), metadata=meta)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+            tensors = {f"{modality}_embeds": array.contiguous(), **{k: torch.from_numpy(v) for k, v in extra.items()}}
+            save_torch(tensors, str(tmp), metadata=meta)
+        else:
+            from safetensors.numpy import save_file
+
+            save_file({f"{modality}_embeds": np.ascontiguousarray(array), **extra}, str(tmp), metadata=meta)
+
+    LOCAL.publish(path, save)
 
 
 __all__ = ["ExportResult", "export_filename", "export_vllm"]

@@ -9,8 +9,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .damage import output_problems
-from .outdir import OutDir, parse_shard_name
+from .output.damage import output_problems
+from .output import OutDir, parse_shard_name
 
 
 def _shard_meta(path: Path) -> dict[str, Any]:
@@ -199,9 +199,7 @@ class TokenEmbedding:
 
 
 def _token_index(od: OutDir, shard: Path) -> Path:
-    from .writers.tokens import index_path
-
-    return index_path(od, shard.name)
+    return od.index_path(shard.name)
 
 
 def _is_token_shard(od: OutDir, shard: Path) -> bool:

@@ -39,7 +39,7 @@ from pathlib import Path
 from . import __version__
 from .clock import file_stamp
 from .errors import ConfigError, SubmitError
-from .outdir import OutDir
+from .output import OutDir
 
 #: encode options that `mmenc slurm` sets itself (or that would break an array: --overwrite
 #: in every task would delete the other tasks' shards)

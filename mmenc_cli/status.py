@@ -16,7 +16,7 @@ damaged `run.json` or task file, an error-report line that is not a row. Each is
 to do, and makes the status not ok (exit 4): it never says "all done" over them.
 
 Duplicates: (id, modality) pairs present in shards of more than one task, or twice in one, and ids
-committed from more than one row. Everything is read from the shards' key files (`keyindex.py`),
+committed from more than one row. Everything is read from the shards' key files (`output/keys.py`),
 never the shards; shards are read, for a few example ids, only when there are duplicates.
 """
 
@@ -31,10 +31,10 @@ import numpy as np
 
 from .errors import OutputError
 from .idset import hash_many
-from .locks import TaskLock
-from .keyindex import UNKNOWN, iter_key_rows
-from .outdir import OutDir, iter_shard_keys, parse_shard_name, read_json
-from .damage import missing_shard_problems, run_meta_problem, task_meta_problems
+from .output.locks import TaskLock
+from .output.keys import UNKNOWN, iter_key_rows
+from .output import OutDir, iter_shard_keys, parse_shard_name, read_json
+from .output.damage import missing_shard_problems, run_meta_problem, task_meta_problems
 
 DONE = "done"
 MISSING = "missing"
@@ -95,12 +95,8 @@ class StatusReport:
 def _metas(od: OutDir, problems: list[str]) -> dict[int, list[tuple[int, float, dict[str, Any]]]]:
     """Task metadata grouped by task: (lock id, mtime, meta) per file (one per worker)."""
     grouped: dict[int, list[tuple[int, float, dict[str, Any]]]] = defaultdict(list)
-    for path in od.task_meta_paths():
+    for lock_id, path in od.task_meta_paths():
         meta = read_json(path)
-        try:
-            lock_id = int(path.stem.split("-", 1)[1])
-        except (IndexError, ValueError):
-            continue
         if isinstance(meta, dict):
             grouped[int(meta.get("task", lock_id))].append((lock_id, path.stat().st_mtime, meta))
     problems += task_meta_problems(od)
@@ -171,7 +167,7 @@ def _errors_by_task(od: OutDir, problems: list[str]) -> Counter[int]:
     """Current failures (latest outcome per item) per task."""
     if not od.error_report_paths():
         return Counter()
-    from .report import latest_errors
+    from .error_rows import latest_errors
 
     damaged: list[str] = []
     rows = latest_errors(od.root, damaged=damaged)

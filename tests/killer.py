@@ -15,7 +15,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mmenc_cli import outdir  # noqa: E402
+from mmenc_cli.output.folder import OutDir  # noqa: E402
+from mmenc_cli.output.task import TaskOutput  # noqa: E402
 from mmenc_cli.run import pipeline  # noqa: E402
 
 where, _, n = os.environ.get("KILL_AT", "").partition(":")
@@ -32,18 +33,19 @@ def nth() -> bool:
 
 
 if where in ("before_rename", "after_rename"):
-    real_commit = outdir.OutDir.commit
+    real_publish = OutDir.publish_shard
 
-    def commit(self, tmp, name):  # type: ignore[no-untyped-def]
+    def publish_shard(self, name, content):  # type: ignore[no-untyped-def]
         hit = nth()
         if hit and where == "before_rename":
+            self.fs.stage(self.tmp_path(name), content)  # written and fsynced, never renamed
             die()
-        path = real_commit(self, tmp, name)
+        path = real_publish(self, name, content)
         if hit:
             die()
         return path
 
-    outdir.OutDir.commit = commit  # type: ignore[method-assign]
+    OutDir.publish_shard = publish_shard  # type: ignore[method-assign]
 elif where == "mid_batch":
     real_load = pipeline.EncodeRun.load_encoder
 
@@ -63,14 +65,14 @@ elif where == "mid_batch":
 
     pipeline.EncodeRun.load_encoder = load  # type: ignore[method-assign]
 elif where == "end":
-    real_meta = pipeline.write_task_meta
+    real_close = TaskOutput.close
 
-    def meta(out, cfg, state, *a, **k):  # type: ignore[no-untyped-def]
-        if state == "done":
+    def close(self, record, best_effort=False):  # type: ignore[no-untyped-def]
+        if record is not None and record.get("state") == "done":
             die()
-        return real_meta(out, cfg, state, *a, **k)
+        return real_close(self, record, best_effort)
 
-    pipeline.write_task_meta = meta
+    TaskOutput.close = close  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     from mmenc_cli.cli import main

@@ -17,7 +17,7 @@ from mmenc_cli.cli import app
 from mmenc_cli.cli.encode import DEMO_MODEL, EncodeOptions, build_config
 from mmenc_cli.config import FINGERPRINT, RunConfig, config_fields, fingerprint_fields, option
 from mmenc_cli.encoders.libraries import canonical_model
-from mmenc_cli.outdir import OutDir
+from mmenc_cli.output import OutDir
 from mmenc_cli.run.metadata import RECORDED, decode_mode, fingerprint, fingerprint_diff, resolved_dtype
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,9 +29,9 @@ OS_SUBCLASSES = frozenset({n for n, v in vars(builtins).items()
 
 #: (module, errno name) used outside errors.py, and why it maps nothing to a code
 ERRNO_ALLOWED = {
-    ("locks.py", "EAGAIN"): "flock's 'held by another process': whether to wait, not an item's failure",
-    ("locks.py", "EWOULDBLOCK"): "the same answer under its other name",
-    ("locks.py", "EACCES"): "the same answer on systems whose flock says EACCES",
+    ("output/locks.py", "EAGAIN"): "flock's 'held by another process': whether to wait, not an item's failure",
+    ("output/locks.py", "EWOULDBLOCK"): "the same answer under its other name",
+    ("output/locks.py", "EACCES"): "the same answer on systems whose flock says EACCES",
 }
 
 @pytest.mark.parametrize("number,reason", sorted(OS_REASONS.items()))
@@ -166,4 +166,4 @@ def f(exc):
 """
     assert sorted(hit.split(" ", 1)[1] for hit in os_mappings(source, "x.py")) == [
         "errno.ENOENT", "except PermissionError", "isinstance(..., FileNotFoundError)"]
-    assert os_mappings("import errno\nbusy = errno.EAGAIN\n", "locks.py") == []
+    assert os_mappings("import errno\nbusy = errno.EAGAIN\n", "output/locks.py") == []

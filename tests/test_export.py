@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 from mmenc_cli.export import export_filename, export_vllm
-from mmenc_cli.outdir import OutDir, OutputError
+from mmenc_cli.errors import OutputError
+from mmenc_cli.output import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests import modelfactory_vl as mf
 from tests.conftest import write_jsonl

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmenc_cli.outdir import OutDir, TaskLock
+from mmenc_cli.output import OutDir
+from mmenc_cli.output.locks import TaskLock
 from mmenc_cli.reader import read_embeddings
 from tests.conftest import make_image, write_jsonl
 
@@ -109,7 +110,7 @@ def test_sigkill_then_rerun_equals_clean_run(kill_at: str, tmp_path: Path, job_m
     assert json.loads(od.task_meta_path(0).read_text())["state"] == "done"
     assert_same_output(out, clean_run)
     # the missing image failed in the first run (or the second): one current error either way
-    from mmenc_cli.report import latest_errors
+    from mmenc_cli.error_rows import latest_errors
 
     errs = latest_errors(out)
     assert [(e["id"], e["code"]) for e in errs] == [("broken", 404)]

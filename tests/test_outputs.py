@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mmenc_cli.outdir import OutDir, parse_shard_name, shard_name
+from mmenc_cli.output import OutDir, parse_shard_name, shard_name
 from mmenc_cli.run.pipeline import run_encode
 from mmenc_cli.reader import inspect_output, read_embeddings
 from tests.fakes import FakeEncoder, factory
@@ -136,7 +136,7 @@ def test_a_millionth_shard_is_listed_in_order_and_numbered_after(tmp_path: Path)
 
 
 def test_shard_logs_of_task_indexes_past_99999_are_read(tmp_path: Path) -> None:
-    from mmenc_cli.shardlog import missing_shards, read_logs
+    from mmenc_cli.output.shardlog import missing_shards, read_logs
 
     od = OutDir(tmp_path / "out")
     od.prepare()

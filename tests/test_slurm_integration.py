@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from mmenc_cli.outdir import OutDir, parse_shard_name, read_json
+from mmenc_cli.output import OutDir, parse_shard_name, read_json
 from tests.conftest import make_image, write_jsonl
 from tests.slurm_cluster import TERMINAL_STATES, job_states, require_slurm, run_sbatch, wait_for_job_states
 from tests.runs import embeddings
@@ -105,7 +105,7 @@ def test_array_equals_single_process_run(tmp_path: Path, tiny_clip: Path, jobs: 
     got = assert_same_vectors(out, ref)
     assert set(got) == {(r["id"], m) for r in rows for m in ("image", "text")} - {("r02", "image"), ("r27", "image")}
     od = OutDir(out)
-    assert {read_json(p)["task"] for p in od.task_meta_paths()} == {0, 1, 2}
+    assert {read_json(p)["task"] for _, p in od.task_meta_paths()} == {0, 1, 2}
     assert {parse_shard_name(s.name).task for s in od.shards()} == {0, 1, 2}  # type: ignore[union-attr]
 
     summary = json.loads(mmenc("errors", "summary", out, "--json", cwd=tmp_path).stdout)
@@ -247,5 +247,5 @@ def test_array_over_a_brace_range_of_tar_shards_and_a_folder(tmp_path: Path, tin
     assert len({key for key in got if key[0].startswith("s")}) == 2 * 12 and len(got) == 2 * 12 + 7
     summary = json.loads(mmenc("errors", "summary", out, "--json", cwd=tmp_path).stdout)
     assert summary["errors"] == 1
-    tasks = [read_json(p)["counters"] for p in OutDir(out).task_meta_paths()]
+    tasks = [read_json(p)["counters"] for _, p in OutDir(out).task_meta_paths()]
     assert sum(c["rows"] for c in tasks) == 12 + 1 + 7 and all(c["rows"] for c in tasks)

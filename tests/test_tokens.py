@@ -14,7 +14,8 @@ from PIL import Image
 from mmenc_cli.config import BatchConfig, ManifestConfig, MediaConfig, ModelConfig, RunConfig, WriterConfig
 from mmenc_cli.encoders import load_encoder
 from mmenc_cli.errors import MMError
-from mmenc_cli.outdir import OutDir, OutputError
+from mmenc_cli.errors import OutputError
+from mmenc_cli.output import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from mmenc_cli.reader import inspect_output, iter_token_embeddings, read_embeddings, read_token_embedding
 from tests import modelfactory_vl as mf

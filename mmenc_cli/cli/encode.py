@@ -15,7 +15,7 @@ import typer
 from ..config import (DEFAULT_DECODE, DEFAULT_FRAMES, MAX_FPS_FRAMES, BatchConfig, ManifestConfig, MediaConfig,
                       ModelConfig, RunConfig, WriterConfig)
 from ..errors import ExitCode
-from ..run.stopping import request_stop
+from ..stopping import request_stop
 from .exits import fail, fatal_errors
 from .options import DeviceOpt, ModelOpt, OutOpt, TaskCountOpt, TaskIndexOpt
 from .render import Progress, echo_err, setup_logging, summary_lines
@@ -181,7 +181,7 @@ def finish(result: Any, signum: int | None, json_out: bool, verbose: bool) -> No
         code = ExitCode.THRESHOLD
     echo_err("\n".join(summary_lines(result, verbose)))
     if json_out:
-        from ..report import json_line
+        from ..error_rows import json_line
 
         typer.echo(json_line({**result.to_dict(), "exit_code": int(code)}))
     if code:

@@ -23,7 +23,7 @@ GrepOpt = Annotated[Optional[str], typer.Option("--grep", help="Only rows contai
 
 def _rows(out: Path, code, reason, stage, modality, grep) -> list[dict]:
     from ..errors import OutputError
-    from ..report import filter_errors, latest_errors
+    from ..error_rows import filter_errors, latest_errors
 
     with fatal_errors():
         if not out.is_dir():
@@ -39,7 +39,7 @@ def _rows(out: Path, code, reason, stage, modality, grep) -> list[dict]:
 def summary(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason: ReasonOpt = None,
             stage: StageOpt = None, modality: ModalityOpt = None, grep: GrepOpt = None) -> None:
     """A table of current failures by code, reason, stage and modality, with an example each."""
-    from ..report import summarize
+    from ..error_rows import summarize
 
     s = summarize(_rows(out, code, reason, stage, modality, grep))
     if json_out:
@@ -52,7 +52,7 @@ def summary(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason
 def list_(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason: ReasonOpt = None,
           stage: StageOpt = None, modality: ModalityOpt = None, grep: GrepOpt = None) -> None:
     """The current failures, one per item (--json: JSON lines)."""
-    from ..report import json_line
+    from ..error_rows import json_line
 
     rows = _rows(out, code, reason, stage, modality, grep)
     for r in rows:
@@ -67,19 +67,13 @@ def retry(out: OutArg, output: Annotated[Path, typer.Option("--output", "-o", he
 
     Then `mmenc encode RETRY.jsonl --out OUT` (same options) encodes what now succeeds into OUT.
     """
-    from ..report import json_line, retry_rows, retryable_whole
+    from ..error_rows import retryable_whole, write_retry
 
     rows = _rows(out, code, reason, stage, modality, grep)
     whole = sum(1 for r in rows if retryable_whole(r))
     skipped = sum(1 for r in rows if r.get("modality") is None) - whole
-    n = 0
     with fatal_errors():
-        tmp = output.with_name(f".{output.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for row in retry_rows(out, rows):
-                fh.write(json_line(row) + "\n")
-                n += 1
-        tmp.replace(output)
+        n = write_retry(out, rows, output)
     echo_err(f"mmenc: wrote {plural(n, 'row')} to {output}"
              + (f"; {plural(skipped, 'invalid row')} cannot be retried (fix the input)" if skipped else "")
              + (f"; {plural(whole, 'sample')} over --max-row-bytes {word(whole, 'is', 'are')} written whole: encode "

@@ -40,7 +40,7 @@ from .reread import read_record
 from .slicing import iter_slice
 
 __all__ = ["Format", "ManifestError", "detect_format", "expand", "format_of", "is_url", "iter_rows", "read_raw_row",
-           "read_row", "register", "source_format"]
+           "read_row", "record_has_id", "register", "source_format"]
 
 
 def iter_rows(manifests: Sequence[str], cfg: ManifestConfig, task_index: int = 0,
@@ -87,3 +87,12 @@ def read_row(manifest: str, offset: int, cfg: ManifestConfig, line: int | None =
     fmt = format_of(path)
     record, error = read_record(path, offset, cfg.max_row_bytes, key)
     return fmt.row(path, line, offset, record, error, fmt.keys(cfg))
+
+
+def record_has_id(manifest: str, offset: int, row_id: str, cfg: ManifestConfig) -> bool:
+    """Whether the record at `offset` of `manifest` still has id `row_id` (False when the input is
+    gone or changed there): how a resume tells a second row of an id from a row that moved."""
+    try:
+        return read_row(manifest, offset, cfg).id == row_id
+    except (ManifestError, OSError, ValueError):
+        return False

@@ -1,10 +1,10 @@
 """The shard committer: encoded items gathered into shards, written on a background thread.
 
-Writing a shard (its key file, then the shard: Parquet encoding, fsync, rename) runs off the
-encode loop, in order, with at most two shards queued. The writer thread never touches the run's counters: each shard's outcome
-(`ShardOutcome`: seconds, and the exception when the write failed) goes back to the encode loop,
-which collects it with `outcomes()` and counts it. A write that fails with an `OSError` (disk full,
-read-only, permission denied) is a fault of the output, not of the shard's items: the committer
+Committing a shard (`TaskOutput.commit`: its files encoded, written and made visible) runs off the
+encode loop, in order, with at most two shards queued. The writer thread never touches the run's
+counters: each shard's outcome (`ShardOutcome`: seconds, and the exception when the write failed)
+goes back to the encode loop, which collects it with `outcomes()` and counts it. A fault of the
+output (disk full, read-only, permission denied) is not the shard's items' fault: the committer
 writes nothing more, and the run ends. Anything else that goes wrong on the thread is kept and
 re-raised in the encode loop.
 """
@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import OutputError
-from ..keyindex import key_rows, write_keys
-from ..outdir import OutDir, shard_name
+from ..output.task import TaskOutput
 from ..records import ManifestRow
-from ..shardlog import log_commit
 from ..writers import ShardData, ShardWriter
 
 
@@ -39,17 +37,16 @@ class ShardOutcome:
 class ShardCommitter:
     """Gathers encoded items into shards of `shard_size` and commits them in order."""
 
-    def __init__(self, out: OutDir, writer: ShardWriter, task: int, worker: int, shard_size: int,
-                 keep: tuple[str, ...], after_commit: Callable[[], None]) -> None:
-        self.out, self.writer, self.task, self.worker = out, writer, task, worker
+    def __init__(self, output: TaskOutput, writer: ShardWriter, shard_size: int, keep: tuple[str, ...],
+                 after_commit: Callable[[], None]) -> None:
+        self.output, self.writer = output, writer
         self.shard_size, self.keep = shard_size, keep
         self.after_commit = after_commit  # on the writer thread, after each commit (fsync the error report)
-        self.seq = out.next_seq(task, worker)
         self.shard = self.new_shard()
         self.committed = 0
         self.error: BaseException | None = None
         self.broken: ShardOutcome | None = None  # the output fault that stopped the writing
-        self._queue: queue.Queue[tuple[ShardData, str] | None] = queue.Queue(maxsize=2)
+        self._queue: queue.Queue[ShardData | None] = queue.Queue(maxsize=2)
         self._done: queue.SimpleQueue[ShardOutcome] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name="mmenc-writer", daemon=True)
         self._thread.start()
@@ -69,11 +66,9 @@ class ShardCommitter:
             return
         self._check()
         shard, self.shard = self.shard, self.new_shard()
-        name = shard_name(self.task, self.worker, self.seq, self.writer.ext)
-        self.seq += 1
         while True:
             try:
-                self._queue.put((shard, name), timeout=0.5)
+                self._queue.put(shard, timeout=0.5)
                 return
             except queue.Full:
                 self._check()
@@ -106,24 +101,19 @@ class ShardCommitter:
     def _work(self) -> None:
         try:
             while (job := self._queue.get()) is not None:
-                self._done.put(self._write(*job))
+                self._done.put(self._write(job))
         except BaseException as exc:  # never die silently: the encode loop re-raises it
             self.error = exc
 
-    def _write(self, shard: ShardData, name: str) -> ShardOutcome:
+    def _write(self, shard: ShardData) -> ShardOutcome:
         if self.broken is not None:  # after an output fault nothing more is written
-            return ShardOutcome(name, shard, 0.0, self.broken.error, fault=True)
+            return ShardOutcome(self.broken.name, shard, 0.0, self.broken.error, fault=True)
         t0 = time.perf_counter()
-        try:
-            write_keys(self.out, name, *key_rows(shard.ids, shard.modalities,
-                                                [(r.manifest, r.locator, r.offset) for r in shard.refs]))
-            self.writer.write(shard, name)
-        except OSError as exc:  # disk full, read-only, gone: the run ends, the items wait for a re-run
-            self.broken = ShardOutcome(name, shard, time.perf_counter() - t0, exc, fault=True)
-            return self.broken
-        except Exception as exc:  # the encode loop turns the shard's items into error rows
-            return ShardOutcome(name, shard, time.perf_counter() - t0, exc)
-        self.committed += 1  # committed: from here on nothing may turn its items into errors
-        log_commit(self.out, self.task, self.worker, self.out.root / name)
-        self.after_commit()
-        return ShardOutcome(name, shard, time.perf_counter() - t0)
+        done = self.output.commit(shard, self.writer)
+        outcome = ShardOutcome(done.name, shard, time.perf_counter() - t0, done.error, fault=done.fault)
+        if done.fault:  # disk full, read-only, gone: the run ends, the items wait for a re-run
+            self.broken = outcome
+        elif done.error is None:
+            self.committed += 1  # committed: from here on nothing may turn its items into errors
+            self.after_commit()
+        return outcome

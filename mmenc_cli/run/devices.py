@@ -1,8 +1,9 @@
 """One process per device (`--device cuda:0,cuda:1`): each encodes its share of the task's slice.
 
-The parent holds the task's lock and writes the task metadata; each device worker is a spawned
-process running an `EncodeRun` with `primary=False` under a lock of its own (task, worker), so a
-re-run's worker waits for a dying orphan instead of writing beside it. Rows are shared out by id
+The parent opens the task (its lock and its record: role "devices"); each device worker is a
+spawned process running an `EncodeRun` with `primary=False`, whose task opens under a lock of its
+own (task, worker: role "device"), so a re-run's worker waits for a dying orphan instead of
+writing beside it. Rows are shared out by id
 hash (`EncodeRun._rows`), so each worker's duplicate check sees all rows of an id. A signal to the
 parent is forwarded to the workers; a worker whose parent dies stops at once. A worker's
 `RunError` reaches the parent with its exit code, which the parent's run then ends with.
@@ -19,12 +20,9 @@ from typing import Any, Callable
 
 from ..config import RunConfig
 from ..errors import RunError
-from ..locks import TaskLock
-from ..outdir import OutDir
-from ..shardlog import reconcile
+from ..output.task import TaskRequest, open_task
 from .counters import Counters, RunResult, threshold_exceeded
-from .metadata import write_task_meta
-from .resume import open_output
+from .metadata import task_record
 
 
 def device_worker(run_cls: Any, cfg: RunConfig, worker: int, worker_count: int, results: Any, parent: int) -> None:
@@ -41,12 +39,8 @@ def device_worker(run_cls: Any, cfg: RunConfig, worker: int, worker_count: int, 
                 stop.set()
 
     threading.Thread(target=watch_parent, daemon=True).start()
-    out = OutDir(cfg.writer.out)
-    try:
-        # one live process per (task, worker): a re-run's worker waits for a dying orphan, never writes beside it
-        with TaskLock(out.meta / "locks" / f"task-{cfg.task_index:05d}-w{worker:02d}.lock") as lock:
-            lock.acquire(wait=True, poll=0.5)
-            res = run_cls(cfg, worker=worker, worker_count=worker_count, stop=stop, primary=False).run()
+    try:  # its task opens under a lock of its own: a re-run's worker waits for a dying orphan
+        res = run_cls(cfg, worker=worker, worker_count=worker_count, stop=stop, primary=False).run()
         results.put((worker, res, None))
     except BaseException as exc:  # reported to the parent, which fails the run with the same exit code
         code = exc.exit_code if isinstance(exc, RunError) else 1
@@ -57,22 +51,21 @@ def run_devices(cfg: RunConfig, run_cls: Any, progress: Callable[[Counters], Non
                 stop: threading.Event) -> RunResult:
     """Run `run_cls` (an `EncodeRun`) in one process per device, under the task's lock held here."""
     t_start = time.perf_counter()
-    out = OutDir(cfg.writer.out)
-    out.prepare()
-    with out.lock(cfg.task_index, wait=cfg.wait_lock):
-        open_output(out, cfg, cfg.task_index)
-        out.clean_tmp(cfg.task_index)
-        reconcile(out, cfg.task_index)
-        write_task_meta(out, cfg, "running", Counters(), 0.0)
+    output = open_task(TaskRequest(root=cfg.writer.out, task=cfg.task_index, role="devices", overwrite=cfg.overwrite,
+                                   wait_lock=cfg.wait_lock, meta=lambda: task_record(cfg, "running", Counters(), 0.0)))
+    try:
         got, errors = _spawn_and_wait(cfg, run_cls, stop)
         if errors:
             codes = {code for _, _, code in errors}
             raise RunError("; ".join(msg for _, msg, _ in errors), exit_code=codes.pop() if len(codes) == 1 else 1)
-        result = _merge(cfg, out, got, t_start)
-        write_task_meta(out, cfg, result.state, result.counters, result.elapsed, result)
-        if progress:
-            progress(result.counters)
-        return result
+        result = _merge(cfg, output.root, got, t_start)
+    except BaseException:
+        output.close(None, best_effort=True)
+        raise
+    output.close(task_record(cfg, result.state, result.counters, result.elapsed, result))
+    if progress:
+        progress(result.counters)
+    return result
 
 
 def _spawn_and_wait(cfg: RunConfig, run_cls: Any, stop: threading.Event) -> tuple[dict[int, Any], list[tuple[str, str, int]]]:
@@ -125,7 +118,7 @@ def _reap_dead(procs: list[Any], got: dict[int, Any], errors: list[tuple[str, st
             errors.append(("RuntimeError", f"device worker {i} ({devices[i]}) died with exit code {procs[i].exitcode}", 1))
 
 
-def _merge(cfg: RunConfig, out: OutDir, got: dict[int, Any], t_start: float) -> RunResult:
+def _merge(cfg: RunConfig, root: str, got: dict[int, Any], t_start: float) -> RunResult:
     """One result from the workers' results."""
     counters = Counters()
     facts: dict[str, Any] = {}
@@ -140,6 +133,6 @@ def _merge(cfg: RunConfig, out: OutDir, got: dict[int, Any], t_start: float) -> 
         events += res.events
     state = "interrupted" if "interrupted" in states else ("stopped" if "stopped" in states else "done")
     loaded = [r for r in got.values() if r is not None and r.model_loaded]
-    return RunResult(out=str(out.root), task=cfg.task_index, state=state, counters=counters, facts=facts,
+    return RunResult(out=root, task=cfg.task_index, state=state, counters=counters, facts=facts,
                      elapsed=time.perf_counter() - t_start, threshold_exceeded=threshold_exceeded(cfg, counters),
                      model_loaded=bool(loaded), events=events, forward=loaded[0].forward if loaded else None)

@@ -15,16 +15,17 @@ from ..errors import MMError, OutputError
 from ..idset import AttemptCounts, id_hash
 from ..media.sources import describe_source
 from ..records import InvalidRow, ManifestRow
-from ..report import ErrorRecord, ErrorReportWriter
+from ..output.report import ErrorRecord
+from ..output.task import TaskOutput
 from .counters import Counters
 
 
 class FailureSink:
     """Writes error rows of one (task, worker) and counts them; `sync` makes them durable."""
 
-    def __init__(self, writer: ErrorReportWriter, counters: Counters, attempts: AttemptCounts, task: int,
+    def __init__(self, output: TaskOutput, counters: Counters, attempts: AttemptCounts, task: int,
                  on_failure: Callable[[], None]) -> None:
-        self.writer, self.counters, self.attempts, self.task = writer, counters, attempts, task
+        self.output, self.counters, self.attempts, self.task = output, counters, attempts, task
         self.on_failure = on_failure  # --fail-fast: stop the run
         self._lock = threading.Lock()  # the writer thread syncs while the loop appends
 
@@ -50,15 +51,15 @@ class FailureSink:
     def resolve_line(self, row: ManifestRow) -> None:
         """The manifest line of `row` was an invalid line in an earlier run: mark it resolved."""
         with self._lock:
-            self.writer.write(ErrorRecord.resolved(id=row.id, manifest=row.manifest, line=row.line,
-                                                   offset=row.offset, task=self.task, key=row.key))
+            self.output.flush_report([ErrorRecord.resolved(id=row.id, manifest=row.manifest, line=row.line,
+                                                           offset=row.offset, task=self.task, key=row.key)], sync=False)
 
     def _write(self, record: ErrorRecord) -> None:
         with self._lock:
-            self.writer.write(record)
+            self.output.flush_report([record], sync=False)  # flushed to the OS: a kill loses no row
         self.on_failure()
 
     def sync(self) -> None:
         """fsync the report (at shard commits): a committed shard's failures are never lost."""
         with self._lock:
-            self.writer.sync()
+            self.output.flush_report([], sync=True)

@@ -2,8 +2,8 @@
 
 `run.json` (written once per output) holds the fingerprint of the options that change the vectors
 or the schema, the facts of the model that made them and the config; every later run must match
-its fingerprint (`resume.check_output`). `tasks/task-NNNNN.json` is rewritten at each task's
-start and end: state, counters, seconds, versions, the config and how the forward ran.
+its fingerprint (`admission.py`). `tasks/task-NNNNN.json` is rewritten at each task's start and
+end (`task_record`): state, counters, seconds, versions, the config and how the forward ran.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from ..config import DEFAULT_DECODE, RunConfig, fingerprint_fields
 from ..errors import ConfigError
 from ..encoders.base import Encoder
 from ..encoders.libraries import canonical_model, model_path
-from ..outdir import OutDir, read_json
 from .counters import Counters, RunResult
 
 
@@ -143,11 +142,10 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def write_task_meta(out: OutDir, cfg: RunConfig, state: str, counters: Counters, elapsed: float,
-                    result: RunResult | None = None, error: str | None = None) -> None:
-    """Record this task's state, counts, timings and versions under `_mmenc/tasks/`."""
-    path = out.task_meta_path(cfg.task_index)
-    data = {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
+def task_record(cfg: RunConfig, state: str, counters: Counters, elapsed: float,
+                result: RunResult | None = None, error: str | None = None) -> dict[str, Any]:
+    """The task's record of itself (`tasks/task-NNNNN.json`): state, counts, timings, versions."""
+    return {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
             "pid": os.getpid(), "updated": timestamp(), "manifests": list(cfg.manifests),
             "devices": list(cfg.model.devices), "counters": counters.to_dict(), "elapsed": elapsed,
             "versions": library_versions(), "config": cfg.to_dict(),
@@ -155,7 +153,3 @@ def write_task_meta(out: OutDir, cfg: RunConfig, state: str, counters: Counters,
             "model_loaded": result.model_loaded if result else None,
             "forward": result.forward if result else None, "error": error,
             "events": (result.events if result else [])[-50:]}
-    previous = read_json(path)
-    if state == "running" and isinstance(previous, dict):
-        data["previous_state"] = previous.get("state")
-    out.write_task_meta(cfg.task_index, data)

@@ -18,29 +18,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from ..config import RunConfig
 from ..encoders.base import Encoder
-from ..encoders.device_decode import jpeg_decoder
 from ..errors import DeviceError, LockWaitInterrupted, MMError, OutputError
 from ..idset import HashSet64, id_hash
 from ..media.clips import require_av
-from ..outdir import OutDir
-from ..readers import iter_rows
+from ..output import OutDir
+from ..output.history import History
+from ..output.task import TaskOutput, TaskRequest, open_task
+from ..readers import iter_rows, record_has_id
 from ..records import InvalidRow, Item, ManifestRow, NotDownloaded
-from ..report import ErrorReportWriter
-from ..shardlog import reconcile
+from ..stopping import Interrupted, interruptible
+from .admission import RunAdmission, check_commit
 from .counters import Counters, RunResult, threshold_exceeded
-from .decode_pool import start_forkserver, workers_start_early
 from .devices import run_devices
 from .failures import FailureSink
 from .media import released
-from .metadata import decode_mode, fingerprint, library_versions, model_facts, resolved_dtype, write_task_meta
-from .resume import History, check_commit, check_output, load_history, open_output
+from .metadata import task_record
 from .stages import Stages
-from .stopping import Interrupted, interruptible
 
 log = logging.getLogger("mmenc")
 
@@ -58,7 +55,7 @@ class EncodeRun:
         self.primary = primary  # False for a device worker: its parent holds the lock and writes task meta
         self.task = cfg.task_index
         self.worker, self.worker_count = worker, worker_count
-        self.out = OutDir(cfg.writer.out)
+        self.output: TaskOutput | None = None
         self.encoder_factory = encoder_factory
         self.progress = progress or (lambda c: None)
         self.stop = stop or threading.Event()
@@ -78,20 +75,43 @@ class EncodeRun:
         return self.cfg.model.devices[self.worker % len(self.cfg.model.devices)]
 
     def run(self) -> RunResult:
-        """Run the task: take its lock (unless a device worker under its parent's lock) and encode."""
+        """Run the task: open it on the output (its lock: a device worker's own under its
+        parent's), encode, close it."""
         t_start = time.perf_counter()
-        if not self.primary:
-            return self._run_locked(t_start)
-        self.out.prepare()  # exists and writable (OutputError) before taking the lock
         try:
-            lock = self.out.lock(self.task, wait=self.cfg.wait_lock, stop=self.stop)
+            self.output = open_task(self._task_request(t_start))
         except LockWaitInterrupted:
             return self._result("interrupted", t_start)
-        with lock:
-            open_output(self.out, self.cfg, self.task)
-            self.out.clean_tmp(self.task)
-            reconcile(self.out, self.task)
-            return self._run_locked(t_start)
+        self.facts = self.output.facts
+        if self.output.interrupted:  # stopped before it was ready: no model loaded for nothing, but said so
+            return self._finish("interrupted", t_start)
+        try:
+            modalities = self._modalities()
+            assert self.output.report is not None
+            self.failures = FailureSink(self.output, self.counters, self.output.history.attempts, self.task,
+                                        self._failed)
+            self._loop(modalities, self.output.history)
+        except (OutputError, DeviceError) as exc:  # a fault of the output (exit 3) or device (1) ends the run
+            self._finish("failed", t_start, error=str(exc))
+            raise
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, and still say so
+            self._finish("interrupted", t_start)
+            raise
+        except BaseException:  # a bug: the task stays "running" with no live lock, which status calls crashed
+            self.output.close(None, best_effort=True)
+            raise
+        state = "done"
+        if self.stop.is_set():
+            state = "stopped" if self.stopped_by == "fail-fast" else "interrupted"
+        return self._finish(state, t_start)
+
+    def _task_request(self, t_start: float) -> TaskRequest:
+        """What opening this run's task on its output needs."""
+        cfg = self.cfg
+        return TaskRequest(root=cfg.writer.out, task=self.task, worker=self.worker,
+                           role="task" if self.primary else "device", overwrite=cfg.overwrite and self.primary,
+                           wait_lock=cfg.wait_lock, stop=self.stop, admission=RunAdmission(self),
+                           meta=lambda: task_record(self.cfg, "running", self.counters, time.perf_counter() - t_start))
 
     def load_encoder(self) -> Encoder:
         """The encoder, loaded on first use (a finished re-run never loads it)."""
@@ -109,59 +129,8 @@ class EncodeRun:
             self.encoder = factory(self.cfg.model, device=self.device)
         self.counters.add_seconds("load", time.perf_counter() - t0)
         log.debug("model %s loaded in %.1f s", self.cfg.model.model, time.perf_counter() - t0)
-        check_commit(self.out, self.cfg.model.model, self.facts or {}, self.encoder.info)
+        check_commit(self.cfg.writer.out, self.cfg.model.model, self.facts or {}, self.encoder.info)
         return self.encoder
-
-    def _init_facts(self) -> dict[str, Any]:
-        """The output's facts: from its metadata when the options match, else from the loaded model."""
-        dtype = resolved_dtype(self.cfg, self.device)
-        if self.cfg.media.decode == "gpu":
-            jpeg_decoder()  # the extra is installed, or a clear error before anything else
-        if {"audio", "video"} & set(self.cfg.modalities or ()):
-            require_av()  # likewise, before a model is loaded for nothing
-        if self.cfg.media.decode is None:  # settled once: what the output was written with, or fast
-            media = replace(self.cfg.media, decode=decode_mode(self.cfg, self.out.read_run_meta()))
-            self.cfg = replace(self.cfg, media=media)
-        if workers_start_early(self.cfg, self.device):  # their imports overlap the model's load
-            start_forkserver(torch=True)
-        fp = fingerprint(self.cfg, dtype)
-        facts = check_output(self.out, fp)
-        if facts is None:
-            facts = model_facts(self.cfg, self.load_encoder(), dtype)
-            created = self.out.create_run_meta({"fingerprint": fp, "facts": facts, "config": self.cfg.to_dict(),
-                                                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                                "versions": library_versions()})
-            if not created:  # another task or device worker was first: its options must match ours
-                facts = check_output(self.out, fp) or facts
-        return facts
-
-    def _run_locked(self, t_start: float) -> RunResult:
-        if self.stop.is_set():  # stopped before starting: do not load a model for nothing, but say so
-            return self._finish("interrupted", t_start)
-        try:
-            with interruptible(self.stop):
-                self.facts = self._init_facts()
-            modalities = self._modalities()
-            if self.primary:
-                write_task_meta(self.out, self.cfg, "running", self.counters, time.perf_counter() - t_start)
-            with interruptible(self.stop):
-                history = load_history(self.out)
-        except Interrupted:
-            return self._finish("interrupted", t_start)
-        try:
-            with ErrorReportWriter(self.out.error_report_path(self.task, self.worker)) as report:
-                self.failures = FailureSink(report, self.counters, history.attempts, self.task, self._failed)
-                self._loop(modalities, history)
-        except (OutputError, DeviceError) as exc:  # a fault of the output (exit 3) or device (1) ends the run
-            self._finish("failed", t_start, error=str(exc))
-            raise
-        except KeyboardInterrupt:  # a second Ctrl-C: stop now, and still say so
-            self._finish("interrupted", t_start)
-            raise
-        state = "done"
-        if self.stop.is_set():
-            state = "stopped" if self.stopped_by == "fail-fast" else "interrupted"
-        return self._finish(state, t_start)
 
     def _modalities(self) -> tuple[str, ...]:
         """The modalities this run encodes: those asked, else all the output's model has a tower for
@@ -181,19 +150,17 @@ class EncodeRun:
         return modalities
 
     def _finish(self, state: str, t_start: float, error: str | None = None) -> RunResult:
-        """The run's result, recorded in the task metadata (best effort after a fault of the output)."""
+        """The run's result, recorded as the task's state when the task closes (best effort after a
+        fault of the output)."""
         result = self._result(state, t_start)
-        if self.primary:
-            try:
-                write_task_meta(self.out, self.cfg, state, self.counters, result.elapsed, result, error=error)
-            except OutputError:
-                if error is None:
-                    raise
+        if self.output is not None:
+            record = task_record(self.cfg, state, self.counters, result.elapsed, result, error=error)
+            self.output.close(record if self.primary else None, best_effort=error is not None)
         return result
 
     def _result(self, state: str, t_start: float) -> RunResult:
-        return RunResult(out=str(self.out.root), task=self.task, state=state, counters=self.counters,
-                         facts=self.facts, elapsed=time.perf_counter() - t_start,
+        return RunResult(out=str(OutDir(self.cfg.writer.out).root), task=self.task, state=state,
+                         counters=self.counters, facts=self.facts, elapsed=time.perf_counter() - t_start,
                          threshold_exceeded=threshold_exceeded(self.cfg, self.counters),
                          model_loaded=self.encoder is not None, events=self.events,
                          forward=self.encoder.forward_summary() if self.encoder is not None else None)
@@ -260,7 +227,7 @@ class EncodeRun:
         retries items of that id that failed and are not encoded (a row `errors retry` wrote)."""
         if not seen.add(id_hash(rec.id)):
             where = "an earlier row of this run"
-        elif not len(history.committed) or (where := history.duplicate_of(rec, self.cfg.manifest)) is None:
+        elif not len(history.committed) or (where := history.duplicate_of(rec, self._holds)) is None:
             return None
         elif history.retries(rec, modalities):
             return None
@@ -269,6 +236,9 @@ class EncodeRun:
         return InvalidRow(rec.manifest, rec.line, rec.offset, id=rec.id, key=rec.key, error=MMError(
             f"id {rec.id!r} is already used in this output by {where}: ids must be unique within an output",
             stage="validate", reason="manifest.duplicate_id"))
+
+    def _holds(self, manifest: str, offset: int, row_id: str) -> bool:
+        return record_has_id(manifest, offset, row_id, self.cfg.manifest)
 
     def _request(self, rec: ManifestRow, modalities: tuple[str, ...], history: History, stages: "Stages") -> None:
         """Count one valid row's items and hand those not settled earlier to their feeds."""

@@ -14,7 +14,7 @@ from .decode_pool import DecodePool
 from .decode_worker import Preprocessors
 from .media import CHUNK, MediaFeed, device_decoder
 from .stage import EncodeStage
-from .stopping import Interrupted
+from ..stopping import Interrupted
 from .texts import TextFeed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,10 +37,9 @@ class Stages:
         run, cfg = self.run, self.cfg
         encoder = run.load_encoder()
         keep = tuple(cfg.manifest.keep)
-        writer = make_writer(cfg.writer.format, run.out, run.facts, run.facts["out_dtype"], keep)
-        assert run.failures is not None
-        committer = ShardCommitter(run.out, writer, run.task, run.worker, cfg.writer.shard_size, keep,
-                                   after_commit=run.failures.sync)
+        writer = make_writer(cfg.writer.format, run.facts, run.facts["out_dtype"], keep)
+        assert run.failures is not None and run.output is not None
+        committer = ShardCommitter(run.output, writer, cfg.writer.shard_size, keep, after_commit=run.failures.sync)
         self.stage = EncodeStage(encoder, cfg.batch.batch_size, cfg.batch.grow_after, bool(run.facts.get("normalize")),
                                  run.counters, run.failures, committer, run.events, run.progress)
         return self.stage

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 from ..encoders.base import Encoder
 from ..records import Item
 from .counters import Counters
-from .stopping import interruptible
+from ..stopping import interruptible
 
 log = logging.getLogger("mmenc")
 

@@ -1,17 +1,15 @@
-"""Shard writers: Parquet and safetensors, each committing a shard atomically through `OutDir`."""
+"""Shard writers: Parquet, safetensors and token shards. A writer turns a shard's rows into the
+functions that write its files; the output (`output/task.py`) writes them, side files first, and
+commits the shard."""
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
-
-from ..outdir import OutDir, fsync_dir, shard_name
-
 
 @dataclass(slots=True)
 class ShardData:
@@ -48,55 +46,38 @@ def keep_value(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+@dataclass(frozen=True, slots=True)
+class ShardFiles:
+    """What a writer makes of one shard: the function that writes the shard file at a path it is
+    given, and those of its side files (a safetensors shard's sidecar, a token shard's index),
+    which the output writes first: the shard's own commit makes them count."""
+
+    shard: Callable[[Path], None]
+    sidecar: Callable[[Path], None] | None = None
+    index: Callable[[Path], None] | None = None
+
+
 class ShardWriter(Protocol):
-    """Writes one shard under a temp name and commits it; returns the committed path."""
+    """Encodes a shard's rows into its files (`ShardFiles`); where they go is the output's business."""
 
     ext: str
 
-    def write(self, data: ShardData, name: str) -> Path: ...
+    def files(self, data: ShardData, name: str) -> ShardFiles: ...
 
 
-def write_tmp(out: OutDir, name: str, writer_fn: Any) -> Path:
-    """Run `writer_fn(tmp_path)`, fsync the file, and return the temp path (not yet committed)."""
-    tmp = out.tmp_path(name)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        writer_fn(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def write_side_file(out: OutDir, final: Path, writer_fn: Any) -> Path:
-    """Write a file that travels with a shard (sidecar, token index) through a fsynced temp file
-    and an atomic rename, before the shard itself is committed: a crash leaves either no file or
-    a whole one, never a torn Parquet footer that a reader would trip on."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = write_tmp(out, final.parent.name + "-" + final.name, writer_fn)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
-    return final
-
-
-def make_writer(fmt: str, out: OutDir, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> ShardWriter:
+def make_writer(fmt: str, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> ShardWriter:
     """The writer for `--format` (token shards + index when the encoder's output_kind is tokens)."""
     if meta.get("output_kind") == "tokens":
         from .tokens import TokenShardWriter
 
-        return TokenShardWriter(out, meta, out_dtype, keep)
+        return TokenShardWriter(meta, out_dtype, keep)
     if fmt == "parquet":
         from .parquet import ParquetShardWriter
 
-        return ParquetShardWriter(out, meta, out_dtype, keep)
+        return ParquetShardWriter(meta, out_dtype, keep)
     from .safetensors import SafetensorsShardWriter
 
-    return SafetensorsShardWriter(out, meta, out_dtype, keep)
+    return SafetensorsShardWriter(meta, out_dtype, keep)
 
 
-__all__ = ["ShardData", "ShardWriter", "make_writer", "shard_name", "keep_value", "write_tmp"]
+__all__ = ["ShardData", "ShardFiles", "ShardWriter", "keep_value", "make_writer"]

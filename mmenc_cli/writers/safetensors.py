@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..outdir import OutDir
-from . import ShardData, keep_value, write_side_file, write_tmp
+from . import ShardData, ShardFiles, keep_value
 
 
 class SafetensorsShardWriter:
@@ -21,18 +20,16 @@ class SafetensorsShardWriter:
 
     ext = "safetensors"
 
-    def __init__(self, out: OutDir, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> None:
-        self.out = out
+    def __init__(self, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> None:
         self.out_dtype = out_dtype
         self.keep = keep
         self.meta = {"mmenc": json.dumps(meta, sort_keys=True)}
 
-    def write(self, data: ShardData, name: str) -> Path:
-        """Write the sidecar and the shard, fsync both, and commit the shard atomically."""
+    def files(self, data: ShardData, name: str) -> ShardFiles:
+        """The tensors and their sidecar."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self.out.check_new(name)  # before the sidecar: a refused shard must not replace another's
         rows: list[int] = []
         per_mod: dict[str, list[np.ndarray]] = {}
         for modality, vector in zip(data.modalities, data.vectors):
@@ -43,9 +40,8 @@ class SafetensorsShardWriter:
         side = {"id": pa.array(data.ids, pa.string()), "modality": pa.array(data.modalities, pa.string()),
                 "row": pa.array(rows, pa.int64())}
         side.update({k: pa.array([keep_value(v) for v in data.keep[k]], pa.string()) for k in self.keep})
-        write_side_file(self.out, self.out.sidecar_path(name), lambda p: pq.write_table(pa.table(side), p))
-        tmp = write_tmp(self.out, name, lambda p: save_tensors(tensors, p, self.out_dtype, self.meta))
-        return self.out.commit(tmp, name)
+        return ShardFiles(lambda p: save_tensors(tensors, p, self.out_dtype, self.meta),
+                          sidecar=lambda p: pq.write_table(pa.table(side), p))
 
 
 def save_tensors(tensors: dict[str, np.ndarray], path: Path, out_dtype: str, meta: dict[str, str]) -> None:

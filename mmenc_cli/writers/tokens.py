@@ -2,10 +2,9 @@
 
 Shard `part-....safetensors` at the top of OUT holds tensors `emb.0`, `emb.1`, ... (float16 by
 default, float32, or bfloat16, which only torch reads), with the run's facts in its header under
-`mmenc`. Its index `_mmenc/index/part-....parquet` has one row per tensor (`INDEX_COLUMNS`, then
-the kept fields as strings). The index is written and fsynced first; the shard's rename commits
-both, and an index whose shard never got renamed is removed when its task restarts
-(`OutDir.clean_tmp`). Resume reads the ids from the index (`outdir.iter_shard_keys`).
+`mmenc`. Its index (`OutDir.index_path`) has one row per tensor (`INDEX_COLUMNS`, then the kept
+fields as strings). The output writes the index first; the shard's commit makes both count, and
+an index whose shard never got committed is removed when its task restarts.
 """
 
 from __future__ import annotations
@@ -16,17 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from ..outdir import OutDir
-from . import ShardData, keep_value, write_side_file, write_tmp
+from . import ShardData, ShardFiles, keep_value
 
 #: index columns, in order (kept fields follow)
 INDEX_COLUMNS = ("id", "modality", "shard", "key", "tokens", "dim", "dtype", "image_grid_thw",
                  "orig_width", "orig_height", "min_pixels", "max_pixels", "frame_seconds")
-
-
-def index_path(out: OutDir, shard: str) -> Path:
-    """Where the index of token shard `shard` (a file name) lives: `_mmenc/index/<stem>.parquet`."""
-    return out.index_path(shard)
 
 
 def tensor_key(row: int) -> str:
@@ -39,8 +32,7 @@ class TokenShardWriter:
 
     ext = "safetensors"
 
-    def __init__(self, out: OutDir, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> None:
-        self.out = out
+    def __init__(self, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> None:
         self.out_dtype = out_dtype
         self.dim = int(meta["dim"])
         self.keep = keep
@@ -72,21 +64,19 @@ class TokenShardWriter:
         columns.update({k: pa.array([keep_value(v) for v in data.keep[k]], pa.string()) for k in self.keep})
         return pa.table(columns)
 
-    def write(self, data: ShardData, name: str) -> Path:
-        """Write and fsync the index, then the shard, and commit the shard atomically."""
+    def files(self, data: ShardData, name: str) -> ShardFiles:
+        """The tensors and their index (ValueError for a tensor of the wrong shape)."""
         import pyarrow.parquet as pq
 
         from .safetensors import save_tensors
 
-        self.out.check_new(name)  # before the index: a refused shard must not replace another's
         for v in data.vectors:
             if v.ndim != 2 or v.shape[1] != self.dim:
                 raise ValueError(f"token embedding of shape {v.shape}, expected [tokens, {self.dim}]")
         table = self.index_table(data, name)
-        write_side_file(self.out, index_path(self.out, name), lambda p: pq.write_table(table, p))
         tensors = {tensor_key(i): np.ascontiguousarray(v, dtype=np.float32) for i, v in enumerate(data.vectors)}
-        tmp = write_tmp(self.out, name, lambda p: save_tensors(tensors, p, self.out_dtype, self.meta))
-        return self.out.commit(tmp, name)
+        return ShardFiles(lambda p: save_tensors(tensors, p, self.out_dtype, self.meta),
+                          index=lambda p: pq.write_table(table, p))
 
 
 def _grid(meta: dict[str, Any]) -> list[int] | None:

@@ -23,7 +23,7 @@ from mmenc_cli.config import MediaConfig
 from mmenc_cli.encoders.preprocess import PixelPreprocessor
 from mmenc_cli.errors import OutputError
 from mmenc_cli.media.decode import decode_image
-from mmenc_cli.outdir import OutDir
+from mmenc_cli.output import OutDir
 from mmenc_cli.run.decode_worker import decode_one
 from mmenc_cli.run.pipeline import run_encode
 from tests.fakes import FakeEncoder, _vec, factory

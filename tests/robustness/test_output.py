@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from mmenc_cli.cli import app
 from mmenc_cli.errors import OutputError
-from mmenc_cli.outdir import OutDir
-from mmenc_cli.report import ErrorReportWriter, cut_torn_tail, iter_error_records
+from mmenc_cli.output import OutDir
+from mmenc_cli.output.report import ErrorReportWriter, cut_torn_tail, iter_error_records
 from mmenc_cli.run.pipeline import run_encode
 from mmenc_cli.status import collect_status
 from mmenc_cli.writers.parquet import ParquetShardWriter
@@ -37,15 +37,15 @@ def task_meta(out: Path) -> dict:
 
 def fail_shard(monkeypatch: pytest.MonkeyPatch, at: int, err: int) -> dict:
     """Make the `at`-th shard write (and every later one) fail as a full or read-only disk would."""
-    real, calls = ParquetShardWriter.write, {"n": 0}
+    real, calls = OutDir.publish_shard, {"n": 0}
 
-    def write(self, data, name):
+    def publish_shard(self, name, content):
         calls["n"] += 1
         if calls["n"] >= at:
-            raise OSError(err, os_strerror(err), str(self.out.tmp_path(name)))
-        return real(self, data, name)
+            raise OSError(err, os_strerror(err), str(self.tmp_path(name)))
+        return real(self, name, content)
 
-    monkeypatch.setattr(ParquetShardWriter, "write", write)
+    monkeypatch.setattr(OutDir, "publish_shard", publish_shard)
     return calls
 
 
@@ -147,12 +147,12 @@ def test_a_torn_tail_is_cut_off(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_at_the_start_is_exit_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mmenc_cli.outdir as outdir
+    from mmenc_cli.output.fs import LocalFS
 
-    def full(path, data):
+    def full(self, path, content):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(outdir, "write_json_atomic", full)
+    monkeypatch.setattr(LocalFS, "create", full)
     res = runner.invoke(app, ["encode", str(manifest(tmp_path)), "--out", str(tmp_path / "out"), "--device", "cpu",
                               "--progress", "none"], catch_exceptions=False)
     assert res.exit_code == 3 and "No space left on device" in res.stderr and "run.json" in res.stderr

@@ -23,7 +23,7 @@ from mmenc_cli.encoders.base import ImageInput
 from mmenc_cli.errors import MMError
 from mmenc_cli.media import load_image
 from mmenc_cli.run.pipeline import run_encode
-from mmenc_cli.run.stopping import request_stop
+from mmenc_cli.stopping import request_stop
 from tests.conftest import make_image, write_jsonl
 from tests.fakes import FakeEncoder, FakePreprocessor, factory
 from tests.runs import embeddings, error_rows, make_cfg

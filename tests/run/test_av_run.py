@@ -20,8 +20,8 @@ from mmenc_cli.config import BatchConfig, MediaConfig, ModelConfig, RunConfig, W
 from mmenc_cli.errors import ModelLoadError  # noqa: E402
 from mmenc_cli.media.audio import decode_audio  # noqa: E402
 from mmenc_cli.media.video import decode_frames  # noqa: E402
-from mmenc_cli.outdir import OutDir  # noqa: E402
-from mmenc_cli.report import retry_rows  # noqa: E402
+from mmenc_cli.output import OutDir  # noqa: E402
+from mmenc_cli.error_rows import retry_rows  # noqa: E402
 from mmenc_cli.run.pipeline import run_encode  # noqa: E402
 from tests import mediafactory as mf  # noqa: E402
 from tests import modelfactory  # noqa: E402

@@ -36,16 +36,16 @@ def test_only_the_encode_loop_thread_changes_the_counters(tmp_path: Path, monkey
         real_touch(self)
 
     writes = {"n": 0}
-    real_write = ParquetShardWriter.write
+    real_files = ParquetShardWriter.files
 
-    def write(self, data, name):  # the third shard cannot be written (its data, not the disk: see robustness/)
+    def files(self, data, name):  # the third shard cannot be written (its data, not the disk: see robustness/)
         writes["n"] += 1
         if writes["n"] == 3:
             raise ValueError("this shard's data cannot be written")
-        return real_write(self, data, name)
+        return real_files(self, data, name)
 
     monkeypatch.setattr(Counters, "_touch", touch)
-    monkeypatch.setattr(ParquetShardWriter, "write", write)
+    monkeypatch.setattr(ParquetShardWriter, "files", files)
     manifest = mixed_manifest(tmp_path)
     res = run_encode(make_cfg([manifest], tmp_path / "out", shard_size=3), encoder_factory=factory(FakeEncoder()))
     assert writes["n"] > 3 and touched and set(touched) == {"MainThread"}

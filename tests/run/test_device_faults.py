@@ -29,7 +29,7 @@ from mmenc_cli.encoders import _load
 from mmenc_cli.encoders.base import EncodeOutput
 from mmenc_cli.encoders.forward import CompiledOrEager, PlainForward
 from mmenc_cli.errors import DeviceError, is_device_fault
-from mmenc_cli.outdir import OutDir
+from mmenc_cli.output import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import make_image, write_jsonl
 from tests.fakes import FakeEncoder, FakeOOM, factory, fake_cuda_streams

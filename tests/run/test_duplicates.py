@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from mmenc_cli.cli import app
-from mmenc_cli.outdir import OutDir
+from mmenc_cli.output import OutDir
 from mmenc_cli.run.pipeline import run_encode
-from mmenc_cli.run.resume import load_history
+from mmenc_cli.output.history import load_history
 from tests.fakes import FakeEncoder, factory
 from tests.runs import embeddings, error_rows, make_cfg
 

@@ -26,7 +26,7 @@ from mmenc_cli.encoders.preprocess import PixelPreprocessor
 from mmenc_cli.errors import DeviceError, ModelLoadError
 from mmenc_cli.media.decode import decode_image, device_jpeg
 from mmenc_cli.run.decode_worker import Preprocessors, decode_one
-from mmenc_cli.outdir import OutDir
+from mmenc_cli.output import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import write_jsonl
 from tests.fakes import FakeEncoder, factory, fake_cuda_streams

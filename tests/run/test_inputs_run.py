@@ -141,7 +141,7 @@ def test_a_folders_error_rows_follow_their_files_when_others_come_and_go(tmp_pat
 
 
 def test_folder_error_rows_written_before_keys_are_still_honoured(tmp_path: Path) -> None:
-    from mmenc_cli.outdir import OutDir
+    from mmenc_cli.output import OutDir
 
     photos = tmp_path / "photos"
     photos.mkdir()

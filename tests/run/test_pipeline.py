@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mmenc_cli.config import BatchConfig, RunConfig
-from mmenc_cli.outdir import OutDir, OutputError
+from mmenc_cli.errors import OutputError
+from mmenc_cli.output import OutDir
 from mmenc_cli.run import texts as run_texts
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import make_image, write_jsonl

@@ -19,9 +19,9 @@ import torch
 from safetensors import safe_open
 
 from mmenc_cli.errors import OutputError
-from mmenc_cli.outdir import OutDir, shard_name
+from mmenc_cli.output import OutDir, shard_name
 from mmenc_cli.reader import read_safetensors_np
-from mmenc_cli.writers import ShardData, keep_value, make_writer, write_side_file, write_tmp
+from mmenc_cli.writers import ShardData, ShardWriter, keep_value, make_writer
 from mmenc_cli.writers.parquet import ParquetShardWriter
 from mmenc_cli.writers.safetensors import SafetensorsShardWriter
 from mmenc_cli.writers.tokens import INDEX_COLUMNS, TokenShardWriter
@@ -31,6 +31,11 @@ META = {"dim": DIM, "model": "m", "output_kind": "pooled", "normalize": True}
 TOKEN_META = {"dim": DIM, "model": "m", "output_kind": "tokens"}
 PARQUET = shard_name(0, 0, 0, "parquet")
 SAFETENSORS = shard_name(0, 0, 0, "safetensors")
+
+
+def commit(out: OutDir, writer: ShardWriter, data: ShardData, name: str) -> Path:
+    """Write one shard's files and commit it, as a task's output does."""
+    return out.publish_shard_files(name, writer.files(data, name))
 
 
 @pytest.fixture
@@ -94,13 +99,13 @@ def test_shard_data_add() -> None:
 
 
 def test_make_writer_picks_the_writer(out: OutDir) -> None:
-    assert isinstance(make_writer("parquet", out, META, "float32", ()), ParquetShardWriter)
-    assert isinstance(make_writer("safetensors", out, META, "float32", ()), SafetensorsShardWriter)
+    assert isinstance(make_writer("parquet", META, "float32", ()), ParquetShardWriter)
+    assert isinstance(make_writer("safetensors", META, "float32", ()), SafetensorsShardWriter)
     for fmt in ("parquet", "safetensors"):  # token outputs always go to token shards
-        w = make_writer(fmt, out, TOKEN_META, "float16", ())
+        w = make_writer(fmt, TOKEN_META, "float16", ())
         assert isinstance(w, TokenShardWriter) and w.ext == "safetensors"
-    assert make_writer("parquet", out, META, "float32", ()).ext == "parquet"
-    assert make_writer("safetensors", out, META, "float32", ()).ext == "safetensors"
+    assert make_writer("parquet", META, "float32", ()).ext == "parquet"
+    assert make_writer("safetensors", META, "float32", ()).ext == "safetensors"
 
 
 # -- Parquet --------------------------------------------------------------------------------------
@@ -110,8 +115,8 @@ def test_parquet_schema_values_and_metadata(out: OutDir) -> None:
     data = shard([("a", "image", {"label": "cat", "extra": {"n": 1}, "blob": b"abcd"}),
                   ("b", "text", {"label": 7, "extra": [1, 2], "blob": None}),
                   ("c", "image", {"label": None, "extra": "plain", "blob": b""})], keep)
-    writer = make_writer("parquet", out, META, "float32", keep)
-    path = writer.write(data, PARQUET)
+    writer = make_writer("parquet", META, "float32", keep)
+    path = commit(out, writer, data, PARQUET)
 
     assert path == out.root / PARQUET
     assert top_files(out) == [PARQUET]
@@ -138,7 +143,7 @@ def test_parquet_schema_values_and_metadata(out: OutDir) -> None:
 
 def test_parquet_float16(out: OutDir) -> None:
     data = shard([("a", "text", {}), ("b", "text", {})])
-    path = make_writer("parquet", out, META, "float16", ()).write(data, PARQUET)
+    path = commit(out, make_writer("parquet", META, "float16", ()), data, PARQUET)
     schema = pq.read_schema(path)
     assert schema.field("embedding").type == pa.list_(pa.float16(), DIM)
     values = pq.read_table(path).column("embedding").combine_chunks().values.to_numpy(zero_copy_only=False)
@@ -147,7 +152,7 @@ def test_parquet_float16(out: OutDir) -> None:
 
 
 def test_parquet_without_kept_fields(out: OutDir) -> None:
-    path = make_writer("parquet", out, META, "float32", ()).write(shard([("only", "image", {"x": 1})]), PARQUET)
+    path = commit(out, make_writer("parquet", META, "float32", ()), shard([("only", "image", {"x": 1})]), PARQUET)
     assert pq.read_schema(path).names == ["id", "modality", "embedding"]
     assert pq.read_table(path).num_rows == 1
 
@@ -162,9 +167,9 @@ def test_parquet_failed_write_leaves_nothing(out: OutDir, monkeypatch: pytest.Mo
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(pq, "write_table", broken_write_table)
-    writer = make_writer("parquet", out, META, "float32", ())
+    writer = make_writer("parquet", META, "float32", ())
     with pytest.raises(OSError, match="No space left"):
-        writer.write(shard([("a", "image", {})]), PARQUET)
+        commit(out, writer, shard([("a", "image", {})]), PARQUET)
     assert made and made[0].parent == out.meta / "tmp"  # the temp file was really created
     assert not made[0].exists()
     assert top_files(out) == []
@@ -173,10 +178,10 @@ def test_parquet_failed_write_leaves_nothing(out: OutDir, monkeypatch: pytest.Mo
 
 
 def test_commit_of_an_existing_name_raises(out: OutDir) -> None:
-    writer = make_writer("parquet", out, META, "float32", ())
-    writer.write(shard([("first", "image", {})]), PARQUET)
+    writer = make_writer("parquet", META, "float32", ())
+    commit(out, writer, shard([("first", "image", {})]), PARQUET)
     with pytest.raises(OutputError, match="already exists"):
-        writer.write(shard([("second", "image", {})]), PARQUET)
+        commit(out, writer, shard([("second", "image", {})]), PARQUET)
     assert pq.read_table(out.root / PARQUET).column("id").to_pylist() == ["first"]  # untouched
     assert OutputError.exit_code == 3
 
@@ -189,7 +194,7 @@ MIXED = [("t0", "text", {"lab": "x"}), ("i0", "image", {"lab": 1}), ("t1", "text
 
 def test_safetensors_tensors_and_sidecar(out: OutDir) -> None:
     data = shard(MIXED, keep=("lab",))
-    path = make_writer("safetensors", out, META, "float32", ("lab",)).write(data, SAFETENSORS)
+    path = commit(out, make_writer("safetensors", META, "float32", ("lab",)), data, SAFETENSORS)
 
     assert path == out.root / SAFETENSORS
     assert top_files(out) == [SAFETENSORS]
@@ -216,14 +221,13 @@ def test_safetensors_tensors_and_sidecar(out: OutDir) -> None:
 
 
 def test_safetensors_single_modality(out: OutDir) -> None:
-    path = make_writer("safetensors", out, META, "float32", ()).write(
-        shard([("a", "image", {}), ("b", "image", {})]), SAFETENSORS)
+    path = commit(out, make_writer("safetensors", META, "float32", ()), shard([("a", "image", {}), ("b", "image", {})]), SAFETENSORS)
     tensors = read_safetensors_np(path)
     assert list(tensors) == ["image"] and tensors["image"].shape == (2, DIM)
 
 
 def test_safetensors_float16(out: OutDir) -> None:
-    path = make_writer("safetensors", out, META, "float16", ()).write(shard(MIXED[:3]), SAFETENSORS)
+    path = commit(out, make_writer("safetensors", META, "float16", ()), shard(MIXED[:3]), SAFETENSORS)
     tensors = read_safetensors_np(path)
     assert tensors["text"].dtype == np.float16
     np.testing.assert_array_equal(tensors["text"], np.stack([vector(0), vector(2)]).astype(np.float16))
@@ -231,7 +235,7 @@ def test_safetensors_float16(out: OutDir) -> None:
 
 
 def test_safetensors_bfloat16(out: OutDir) -> None:
-    path = make_writer("safetensors", out, META, "bfloat16", ()).write(shard(MIXED), SAFETENSORS)
+    path = commit(out, make_writer("safetensors", META, "bfloat16", ()), shard(MIXED), SAFETENSORS)
     with open(path, "rb") as fh:  # really stored as bfloat16
         header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
     assert header["text"]["dtype"] == "BF16" and header["image"]["dtype"] == "BF16"
@@ -245,19 +249,19 @@ def test_safetensors_bfloat16(out: OutDir) -> None:
 
 
 def test_safetensors_commit_of_an_existing_name_raises(out: OutDir) -> None:
-    writer = make_writer("safetensors", out, META, "float32", ())
-    writer.write(shard([("first", "image", {})]), SAFETENSORS)
+    writer = make_writer("safetensors", META, "float32", ())
+    commit(out, writer, shard([("first", "image", {})]), SAFETENSORS)
     with pytest.raises(OutputError, match="already exists"):
-        writer.write(shard([("second", "text", {})]), SAFETENSORS)
+        commit(out, writer, shard([("second", "text", {})]), SAFETENSORS)
     assert list(read_safetensors_np(out.root / SAFETENSORS)) == ["image"]
 
 
 def test_safetensors_refused_commit_keeps_the_existing_sidecar(out: OutDir) -> None:
     """A shard name already taken must leave the committed shard's sidecar alone (its ids)."""
-    writer = make_writer("safetensors", out, META, "float32", ())
-    writer.write(shard([("first", "image", {})]), SAFETENSORS)
+    writer = make_writer("safetensors", META, "float32", ())
+    commit(out, writer, shard([("first", "image", {})]), SAFETENSORS)
     with pytest.raises(OutputError):
-        writer.write(shard([("second", "text", {})]), SAFETENSORS)
+        commit(out, writer, shard([("second", "text", {})]), SAFETENSORS)
     assert pq.read_table(out.sidecar_path(SAFETENSORS)).column("id").to_pylist() == ["first"]
 
 
@@ -277,8 +281,8 @@ def token_data(keep: tuple[str, ...] = ("lab",)) -> ShardData:
 @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
 def test_token_shard_and_index(out: OutDir, dtype: str) -> None:
     data = token_data()
-    writer = make_writer("safetensors", out, TOKEN_META, dtype, ("lab",))
-    path = writer.write(data, SAFETENSORS)
+    writer = make_writer("safetensors", TOKEN_META, dtype, ("lab",))
+    path = commit(out, writer, data, SAFETENSORS)
 
     assert path == out.root / SAFETENSORS
     assert top_files(out) == [SAFETENSORS]
@@ -324,70 +328,66 @@ def test_token_shard_and_index(out: OutDir, dtype: str) -> None:
 def test_token_shard_of_wrong_shape_writes_nothing(out: OutDir, bad: np.ndarray) -> None:
     data = token_data()
     data.add("bad", "image", bad, {})
-    writer = make_writer("parquet", out, TOKEN_META, "float16", ("lab",))
+    writer = make_writer("parquet", TOKEN_META, "float16", ("lab",))
     with pytest.raises(ValueError, match=r"expected \[tokens, 4\]"):
-        writer.write(data, SAFETENSORS)
+        commit(out, writer, data, SAFETENSORS)
     assert top_files(out) == []
     assert list((out.meta / "index").iterdir()) == []
     assert tmp_files(out) == []
 
 
-# -- write_tmp / write_side_file -------------------------------------------------------------------
+# -- the output's one atomic write (LocalFS) ---------------------------------------------------------
 
-def test_write_tmp_returns_an_uncommitted_temp_file(out: OutDir) -> None:
+def test_a_staged_shard_is_fsynced_under_tmp_and_visible_only_when_published(out: OutDir) -> None:
     seen: list[Path] = []
 
     def write(p: Path) -> None:
         seen.append(p)
         p.write_bytes(b"payload")
 
-    tmp = write_tmp(out, "part-t00000-w00-000007.parquet", write)
-    assert seen == [tmp]
-    assert tmp.parent == out.meta / "tmp" and tmp.read_bytes() == b"payload"
+    name = "part-t00000-w00-000007.parquet"
+    tmp = out.fs.stage(out.tmp_path(name), write)
+    assert seen == [tmp] and tmp.parent == out.meta / "tmp" and tmp.read_bytes() == b"payload"
     assert top_files(out) == []
-    final = out.commit(tmp, "part-t00000-w00-000007.parquet")
-    assert final.read_bytes() == b"payload" and not tmp.exists()
+    final = out.publish_shard(name, b"payload")
+    assert final.read_bytes() == b"payload" and tmp_files(out) == []
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
-def test_write_tmp_removes_the_file_on_failure(out: OutDir, exc: BaseException) -> None:
+def test_a_failed_write_leaves_no_temp_file(out: OutDir, exc: BaseException) -> None:
     def write(p: Path) -> None:
         p.write_bytes(b"partial")
         raise exc
 
     with pytest.raises(type(exc)):
-        write_tmp(out, "x.parquet", write)
-    assert tmp_files(out) == []
+        out.publish_shard("part-t00000-w00-000001.parquet", write)
+    assert tmp_files(out) == [] and top_files(out) == []
 
 
-def test_write_tmp_without_a_file_raises(out: OutDir) -> None:
+def test_a_writer_that_writes_nothing_is_an_error(out: OutDir) -> None:
     """A writer that creates nothing cannot be fsynced: an error, not a silent empty shard."""
     with pytest.raises(FileNotFoundError):
-        write_tmp(out, "x.parquet", lambda p: None)
+        out.publish_shard("part-t00000-w00-000001.parquet", lambda p: None)
     assert tmp_files(out) == []
 
 
-def test_write_side_file(out: OutDir) -> None:
-    final = out.meta / "sidecars" / "part-t00000-w00-000003.parquet"
-    got = write_side_file(out, final, lambda p: p.write_text("new"))
-    assert got == final and final.read_text() == "new"
-    assert tmp_files(out) == []
+def test_a_failed_rewrite_leaves_the_previous_file_whole(out: OutDir) -> None:
+    final = out.meta / "sidecars" / "part-t00000-w00-000003.pq"
+    assert out.fs.publish(final, lambda p: p.write_text("new")) == final and final.read_text() == "new"
 
-    # a failed rewrite leaves the previous file whole
     def failing(p: Path) -> None:
         p.write_text("half")
         raise OSError("disk gone")
 
     with pytest.raises(OSError, match="disk gone"):
-        write_side_file(out, final, failing)
-    assert final.read_text() == "new"
-    assert tmp_files(out) == []
+        out.fs.publish(final, failing)
+    assert final.read_text() == "new" and [p.name for p in final.parent.iterdir()] == [final.name]
 
 
-def test_write_side_file_creates_its_folder(out: OutDir) -> None:
+def test_publish_creates_its_folder(out: OutDir) -> None:
     final = out.meta / "newfolder" / "f.parquet"
-    write_side_file(out, final, lambda p: p.write_text("x"))
-    assert final.read_text() == "x" and tmp_files(out) == []
+    out.fs.publish(final, b"x")
+    assert final.read_bytes() == b"x"
 
 
 def test_temp_side_files_of_a_killed_write_are_removed_when_the_task_restarts(out: OutDir) -> None:

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .clock import timestamp
-from .errors import LockBusy, LockWaitInterrupted, OutputError
+from ..clock import timestamp
+from ..errors import LockBusy, LockWaitInterrupted, OutputError
 
 __all__ = ["LockBusy", "LockWaitInterrupted", "TaskLock"]
 

@@ -20,9 +20,9 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .idset import HashSet64, id_hash
-from .errors import OutputError
-from .outdir import OutDir, damaged_shard, shard_keys, write_bytes_atomic
+from ..errors import OutputError
+from ..idset import HashSet64, id_hash
+from .folder import OutDir, damaged_shard, shard_keys
 
 MAGIC = b"MMKEYS1\n"
 ROW = np.dtype([("item", "<u8"), ("id", "<u8"), ("src", "<u8"), ("man", "<u4"), ("off", "<i8")])
@@ -136,7 +136,7 @@ class CommittedKeys:
 def write_keys(out: OutDir, shard: str, rows: np.ndarray, manifests: list[str]) -> None:
     """Write a shard's key file, whole, before the shard is committed (OSError: a fault of the
     output, as the shard's own write would be)."""
-    write_bytes_atomic(out.keys_path(shard), encode_keys(rows, manifests))
+    out.fs.publish(out.keys_path(shard), encode_keys(rows, manifests))
 
 
 def load_committed(out: OutDir, fill: bool = False, damaged: list[str] | None = None) -> CommittedKeys:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from .outdir import OutDir, parse_shard_name, read_json
 from .report import iter_error_records
+from .folder import OutDir, parse_shard_name, read_json
 from .shardlog import missing_shards, read_logs
 
 
@@ -22,7 +22,7 @@ def run_meta_problem(od: OutDir) -> str | None:
 def task_meta_problems(od: OutDir) -> list[str]:
     """Task records that cannot be read."""
     return [f"{path} is damaged (not a task record): re-run that task to write it again"
-            for path in od.task_meta_paths() if not isinstance(read_json(path), dict)]
+            for _, path in od.task_meta_paths() if not isinstance(read_json(path), dict)]
 
 
 def missing_shard_problems(od: OutDir) -> list[tuple[int, str]]:

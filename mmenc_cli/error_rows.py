@@ -1,195 +1,23 @@
-"""The error report: JSON lines under `OUT/_mmenc/errors/`, one file per task and worker.
-
-Writing: `ErrorReportWriter` appends one `ErrorRecord` per failure and flushes it, so a kill loses
-none. Reading (`mmenc errors ...`): an item's latest outcome wins: an item that failed and was
-later encoded (it is in a committed shard) is resolved and no longer counted; an item that failed
-several times counts once, with its latest error. Lines that were never valid rows (modality null)
-are keyed by manifest+offset.
-"""
+"""Reading an output's error report back for `mmenc errors`: each item's latest outcome, filters,
+summaries, and the rows `errors retry` writes for the failed items."""
 
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .clock import timestamp
 from .config import DEFAULT_MAX_ROW_BYTES
-from .errors import ManifestError, MMError, OutputError, printable, trim_message
+from .errors import ManifestError, printable
 from .idset import HashSet64, id_hash
-from .outdir import OutDir, iter_shard_keys
+from .output import OutDir, iter_shard_keys
+from .output.fs import LOCAL
+from .output.report import iter_error_records, row_locator
 from .readers import format_of, read_raw_row
 from .records import MODALITIES
-
-
-@dataclass(slots=True)
-class ErrorRecord:
-    """One row of the error report. `offset` is what `mmenc errors retry` uses to find the row."""
-
-    id: str | None
-    manifest: str | None
-    line: int | None
-    offset: int | None
-    modality: str | None
-    stage: str
-    code: int
-    reason: str
-    error: str
-    message: str
-    source: str | None = None
-    attempt: int = 1
-    time: str = field(default_factory=timestamp)
-    task: int = 0
-    status: str = "failed"  # "failed", or "resolved": a marker that a manifest line invalid before is a row now
-    key: str | None = None  # a folder's sample: its relative path (its offset is its place in the walk, which moves)
-
-    @classmethod
-    def from_error(cls, err: MMError, *, id: str | None, manifest: str | None, line: int | None,
-                   offset: int | None, modality: str | None, source: str | None = None,
-                   attempt: int = 1, task: int = 0, key: str | None = None) -> "ErrorRecord":
-        """Build a report row from an `MMError` and where the item came from."""
-        return cls(id=id, manifest=manifest, line=line, offset=offset, modality=modality,
-                   stage=err.stage, code=err.code, reason=err.reason, error=err.error,
-                   message=trim_message(err.message), source=source, attempt=attempt, task=task, key=key)
-
-    @classmethod
-    def resolved(cls, *, id: str, manifest: str, line: int | None, offset: int | None, task: int,
-                 key: str | None = None) -> "ErrorRecord":
-        """A marker: the manifest line at (manifest, offset or key), invalid in an earlier run, is a
-        valid row now; the errors commands no longer count the earlier failure."""
-        return cls(id=id, manifest=manifest, line=line, offset=offset, modality=None, stage="read", code=0,
-                   reason="resolved", error="", message="this manifest line is a valid row now", task=task,
-                   status="resolved", key=key)
-
-    def to_json(self) -> str:
-        """One JSON line (no trailing newline)."""
-        return json.dumps(asdict(self))  # ASCII: lone surrogates round-trip
-
-
-class ErrorReportWriter:
-    """Append-only JSON-lines writer for one (task, worker). Flushes every row so a kill loses none.
-
-    A torn last line (a writer killed, or out of space, in the middle of a row) is cut off when
-    the report is opened again, so the next row never joins it. A failed write is a fault of the
-    output (`OutputError`): the run ends.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.count = 0
-        self.broken = False
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            cut_torn_tail(path)
-            self._fh = open(path, "ab")
-        except OSError as exc:
-            raise self._fault(exc) from exc
-
-    def _fault(self, exc: OSError) -> OutputError:
-        self.broken = True
-        return OutputError(f"cannot write the error report {self.path}: {exc.strerror or exc}; "
-                           "free the space or fix the permissions, then run the same command")
-
-    def write(self, record: ErrorRecord) -> None:
-        """Append one row and flush it to the OS."""
-        if self.broken:
-            raise OutputError(f"the error report {self.path} could not be written earlier")
-        try:
-            self._fh.write((record.to_json() + "\n").encode("ascii"))
-            self._fh.flush()
-        except OSError as exc:
-            raise self._fault(exc) from exc
-        self.count += 1
-
-    def sync(self) -> None:
-        """fsync the report (at shard commits and at the end of the run)."""
-        if self.broken:
-            return
-        try:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-        except OSError as exc:
-            raise self._fault(exc) from exc
-
-    def close(self) -> None:
-        """Flush, fsync and close (after a fault, just close)."""
-        if self._fh.closed:
-            return
-        try:
-            self.sync()
-        finally:
-            try:
-                self._fh.close()
-            except OSError:  # the fault was raised already
-                pass
-
-    def __enter__(self) -> "ErrorReportWriter":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if exc[0] is not None:  # do not hide the error that ends the run behind a second one
-            try:
-                self.close()
-            except OutputError:
-                pass
-            return
-        self.close()
-
-
-def cut_torn_tail(path: Path) -> int:
-    """Cut a last line that has no newline (a row the writer could not finish) off a report;
-    return the bytes removed."""
-    try:
-        fh = open(path, "r+b")
-    except FileNotFoundError:
-        return 0
-    with fh:
-        size = fh.seek(0, os.SEEK_END)
-        end, keep = size, size
-        while end > 0:
-            start = max(0, end - (1 << 16))
-            fh.seek(start)
-            chunk = fh.read(end - start)
-            if end == size and chunk.endswith(b"\n"):
-                return 0
-            newline = chunk.rfind(b"\n")
-            if newline >= 0:
-                keep = start + newline + 1
-                break
-            end, keep = start, 0
-        fh.truncate(keep)
-        return size - keep
-
-
-def iter_error_records(paths: Iterable[Path], damaged: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Read raw report rows from many report files. A torn last line (a killed writer's) is
-    skipped; a complete line that is not a JSON row (invalid UTF-8, garbage) is skipped and, when
-    `damaged` is given, named there."""
-    for path in paths:
-        try:
-            fh = open(path, "rb")
-        except FileNotFoundError:
-            continue
-        with fh:
-            for number, raw in enumerate(fh, 1):
-                text = raw.strip()
-                if not text:
-                    continue
-                try:
-                    row = json.loads(text.decode("utf-8"))
-                except (UnicodeDecodeError, ValueError) as exc:
-                    if raw.endswith(b"\n") and damaged is not None:
-                        damaged.append(f"{path}: line {number} is not a report row ({type(exc).__name__})")
-                    continue
-                if isinstance(row, dict):
-                    yield row
-                elif damaged is not None:
-                    damaged.append(f"{path}: line {number} is not a report row (a JSON {type(row).__name__})")
 
 
 def json_line(obj: Any) -> str:
@@ -202,25 +30,6 @@ def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     if row.get("modality") is None:
         return ("line", row.get("manifest"), row_locator(row))
     return ("item", row.get("id"), row.get("modality"))
-
-
-def row_locator(row: dict[str, Any]) -> str:
-    """Where an error row's record is in its input (as `ManifestRow.locator`): its `key`, else its
-    offset. A row written before folders were keyed has no `key` field: for a folder's sample its
-    id, the relative path, stands in for its place in the walk (which moves)."""
-    if "key" in row:
-        return str(row["key"]) if row["key"] is not None else str(row.get("offset"))
-    if row.get("id") is not None and _is_folder(str(row.get("manifest"))):
-        return str(row["id"])
-    return str(row.get("offset"))
-
-
-@functools.lru_cache(maxsize=1024)
-def _is_folder(manifest: str) -> bool:
-    from .readers import files
-
-    found = files.info(manifest)
-    return found.exists and found.is_dir
 
 
 def latest_errors(out: str | Path, damaged: list[str] | None = None) -> list[dict[str, Any]]:
@@ -353,6 +162,21 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
         if isinstance(raw.get(id_key), int):
             raw[id_key] = str(raw[id_key])
         yield {k: _jsonable(v) for k, v in raw.items() if v is not None or not fmt.rewritten}
+
+
+def write_retry(out: str | Path, rows: list[dict[str, Any]], path: Path) -> int:
+    """Write the retry manifest of `rows` (`retry_rows`) to `path`, whole or not at all; the rows written."""
+    written = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal written
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for row in retry_rows(out, rows):
+                fh.write(json_line(row) + "\n")
+                written += 1
+
+    LOCAL.publish(Path(path), write)
+    return written
 
 
 def _absolute_media(value: Any, base: str) -> Any:

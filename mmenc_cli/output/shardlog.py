@@ -13,25 +13,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from .outdir import OutDir, metadata_fault, parse_log_name, parse_shard_name
+from .folder import OutDir, metadata_fault, parse_shard_name
 
 log = logging.getLogger("mmenc")
 
 
-def log_commit(out: OutDir, task: int, worker: int, shard: Path) -> None:
+def log_commit(out: OutDir, task: int, worker: int, shard: Path, rows: int) -> None:
     """Append one committed shard to its (task, worker) log, durably."""
-    rows = _rows(out, shard)
     line = json.dumps({"name": shard.name, "rows": rows, "bytes": shard.stat().st_size}) + "\n"
     path = out.shard_log_path(task, worker)
     try:
-        with open(path, "a", encoding="ascii") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        out.fs.append(path, line.encode("ascii"))
     except OSError as exc:
         raise metadata_fault(path, exc) from exc
 
@@ -53,11 +48,7 @@ def _rows(out: OutDir, shard: Path) -> int | None:
 def read_logs(out: OutDir, damaged: list[str] | None = None) -> dict[tuple[int, int], dict[str, dict[str, Any]]]:
     """(task, worker) -> {shard name: entry} of every log; unreadable lines named in `damaged`."""
     logs: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
-    for path in out.shard_log_paths():
-        parsed = parse_log_name(path.name)
-        if parsed is None:
-            continue
-        task, worker = parsed
+    for (task, worker), path in out.shard_log_paths():
         entries = logs.setdefault((task, worker), {})
         for number, raw in enumerate(path.read_bytes().splitlines(), 1):
             try:
@@ -102,10 +93,8 @@ def _entry(out: OutDir, shard: Path) -> dict[str, Any]:
 
 def _rewrite(out: OutDir, task: int, worker: int, entries: list[dict[str, Any]]) -> None:
     path = out.shard_log_path(task, worker)
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="ascii")
-        os.replace(tmp, path)
+        out.fs.publish(path, "".join(json.dumps(e) + "\n" for e in entries).encode("ascii"))
     except OSError as exc:
         raise metadata_fault(path, exc) from exc
 

@@ -1,0 +1,272 @@
+"""One output folder: its paths (named by `layout.py`), what is committed in it, and its metadata.
+
+A shard becomes visible only by an atomic rename after fsync; a run killed at any instant leaves
+a whole shard or none. Leftover temp files of a task are removed when that task starts again.
+Every write goes through the folder's filesystem (`fs.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import OutputError
+from . import layout
+from .fs import LOCAL, Content, LocalFS, fsync_dir, metadata_fault, publish_json, read_json
+from .layout import META, SHARD_EXTS, ShardName, parse_shard_name, shard_name
+from .locks import TaskLock
+
+__all__ = ["META", "SHARD_EXTS", "OutDir", "ShardName", "damaged_shard", "fsync_dir", "iter_shard_keys",
+           "metadata_fault", "parse_shard_name", "read_json", "shard_keys", "shard_name", "write_bytes_atomic",
+           "write_json_atomic"]
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Publish bytes at `path` on the local filesystem (temp file, fsync, rename, fsync of the folder)."""
+    LOCAL.publish(path, data)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Publish a JSON document at `path` (as `write_bytes_atomic`)."""
+    publish_json(path, data)
+
+
+class OutDir:
+    """Paths and operations on one output folder, on a filesystem (`LocalFS`: a POSIX folder)."""
+
+    def __init__(self, root: str | Path, fs: LocalFS = LOCAL) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.meta = self.root / META
+        self.fs = fs
+
+    # ---- layout -------------------------------------------------------------------------
+    @property
+    def run_meta_path(self) -> Path:
+        return self.meta / "run.json"
+
+    def task_meta_path(self, task: int) -> Path:
+        return self.meta / "tasks" / layout.task_meta_name(task)
+
+    def task_meta_paths(self) -> list[tuple[int, Path]]:
+        """(task, path) of every task's metadata file, in task order."""
+        return sorted((t, p) for p in self._list("tasks") if (t := layout.parse_task_meta_name(p.name)) is not None)
+
+    def error_report_path(self, task: int, worker: int) -> Path:
+        return self.meta / "errors" / layout.report_name(task, worker)
+
+    def error_report_paths(self) -> list[Path]:
+        return sorted(p for p in self._list("errors") if layout.parse_report_name(p.name))
+
+    def sidecar_path(self, shard: str) -> Path:
+        """The Parquet sidecar of a safetensors shard (ids, rows, kept fields)."""
+        return self._side_file("sidecars", shard)
+
+    def index_path(self, shard: str) -> Path:
+        """The Parquet index of a token shard (ids, grids, sizes, kept fields)."""
+        return self._side_file("index", shard)
+
+    def keys_path(self, shard: str) -> Path:
+        """The key file of a shard (`keys.py`): its (id, modality) hashes and sources."""
+        return self.meta / "keys" / layout.keys_name(shard)
+
+    def tmp_path(self, name: str) -> Path:
+        return self.meta / "tmp" / layout.tmp_name(name)
+
+    def lock_path(self, task: int, worker: int | None = None) -> Path:
+        """The task's lock, or one device worker's lock under it."""
+        return self.meta / "locks" / layout.lock_name(task, worker)
+
+    def lock_paths(self) -> list[tuple[int, Path]]:
+        """(task, path) of every task lock (device workers' locks are not listed)."""
+        return sorted((t, p) for p in self._list("locks") if (t := layout.parse_lock_name(p.name)) is not None)
+
+    def shard_log_path(self, task: int, worker: int) -> Path:
+        """The log of the shards a (task, worker) committed (`shardlog.py`)."""
+        return self.meta / "tasks" / layout.log_name(task, worker)
+
+    def shard_log_paths(self) -> list[tuple[tuple[int, int], Path]]:
+        """((task, worker), path) of every shard log."""
+        return sorted((tw, p) for p in self._list("tasks") if (tw := layout.parse_log_name(p.name)) is not None)
+
+    @property
+    def slurm_dir(self) -> Path:
+        """Where `mmenc slurm` writes sbatch scripts."""
+        return self.meta / "slurm"
+
+    @property
+    def logs_dir(self) -> Path:
+        """Where Slurm array tasks log by default."""
+        return self.meta / "logs"
+
+    def _side_file(self, folder: str, shard: str) -> Path:
+        path = self.meta / folder / layout.side_name(shard)
+        legacy = self.meta / folder / layout.side_name(shard, layout.LEGACY_SIDE_EXT)
+        return legacy if not path.exists() and legacy.exists() else path
+
+    def _list(self, folder: str) -> list[Path]:
+        try:
+            return [Path(e.path) for e in os.scandir(self.meta / folder)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    # ---- setup --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Create OUT and its `_mmenc` folders; fail with OutputError when not writable."""
+        try:
+            for sub in layout.FOLDERS:
+                (self.meta / sub).mkdir(parents=True, exist_ok=True)
+            probe = self.meta / "tmp" / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise OutputError(f"output folder {self.root} is not writable: {exc.strerror or exc}") from exc
+
+    def exists(self) -> bool:
+        """True when OUT holds an mmenc output (metadata or shards)."""
+        return self.run_meta_path.exists() or bool(self.shards())
+
+    def wipe(self) -> None:
+        """Remove everything mmenc wrote (shards and `_mmenc`), for --overwrite; other files stay."""
+        for path in self.shards():
+            path.unlink(missing_ok=True)
+        if self.meta.is_dir():
+            for entry in self.meta.iterdir():
+                if entry.name == "locks":  # held by this run (and maybe others): never unlink a live lock
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+    def clean_tmp(self, task: int) -> int:
+        """Remove this task's leftover temp files and the side files of shards never committed (a
+        killed run's); other tasks' are untouched."""
+        prefix, removed = layout.shard_prefix(task), 0
+        for path in self._list("tmp"):  # shards being written (and side files, as earlier mmencs staged them)
+            name = path.name.lstrip(".")
+            if name.split("-", 1)[1:] and name.split("-", 1)[0] in ("sidecars", "index"):
+                name = name.split("-", 1)[1]
+            if name.startswith(prefix):
+                path.unlink(missing_ok=True)
+                removed += 1
+        for folder in ("sidecars", "index", "keys"):  # safetensors sidecars, token-shard indexes, key files
+            for path in self._list(folder):
+                stem = path.name.split(".", 1)[0]
+                if path.name.startswith("." + prefix) and path.name.endswith(".tmp"):  # a write killed half-way
+                    path.unlink(missing_ok=True)
+                    removed += 1
+                elif stem.startswith(prefix) and not any((self.root / (stem + ext)).exists() for ext in SHARD_EXTS):
+                    path.unlink(missing_ok=True)  # written for a shard whose rename never happened
+                    removed += 1
+        return removed
+
+    # ---- shards -------------------------------------------------------------------------
+    def shards(self, ext: str | None = None) -> list[Path]:
+        """Committed shards at the top of OUT, in (task, worker, sequence) order."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for entry in os.scandir(self.root):
+            parsed = parse_shard_name(entry.name)
+            if parsed and (ext is None or parsed.ext == ext.lstrip(".")):
+                out.append(((parsed.task, parsed.worker, parsed.seq, parsed.ext), Path(entry.path)))
+        return [path for _, path in sorted(out)]
+
+    def next_seq(self, task: int, worker: int) -> int:
+        """The next free shard sequence number for (task, worker)."""
+        seqs = [p.seq for p in (parse_shard_name(s.name) for s in self.shards())
+                if p and p.task == task and p.worker == worker]
+        return max(seqs) + 1 if seqs else 0
+
+    def check_new(self, name: str) -> None:
+        """Refuse a shard name already committed (two processes sharing a task and worker), before
+        anything of the new shard (a sidecar, an index) is written."""
+        if (self.root / name).exists():
+            raise OutputError(f"shard {name} already exists: two processes share a task and worker")
+
+    def publish_shard(self, name: str, content: Content) -> Path:
+        """Write a shard under a temp name, fsync it and make it visible under `name` (the commit)."""
+        self.check_new(name)
+        return self.fs.publish(self.root / name, content, tmp=self.tmp_path(name))
+
+    def publish_shard_files(self, name: str, files: Any) -> Path:
+        """A shard's files (`writers.ShardFiles`): its side files first, then the shard (the commit)."""
+        self.check_new(name)  # before any side file: a refused shard must not replace another's
+        for content, path in ((files.sidecar, self.sidecar_path), (files.index, self.index_path)):
+            if content is not None:
+                self.fs.publish(path(name), content)
+        return self.publish_shard(name, files.shard)
+
+    # ---- metadata -----------------------------------------------------------------------
+    def read_run_meta(self) -> dict[str, Any] | None:
+        return read_json(self.run_meta_path)
+
+    def create_run_meta(self, data: dict[str, Any]) -> bool:
+        """Create run.json unless it exists (concurrent tasks race safely); True if created."""
+        try:
+            return self.fs.create(self.run_meta_path, (json_text(data)).encode("utf-8"))
+        except OSError as exc:
+            raise metadata_fault(self.run_meta_path, exc) from exc
+
+    def read_task_metas(self) -> list[dict[str, Any]]:
+        return [m for m in (read_json(p) for _, p in self.task_meta_paths()) if isinstance(m, dict)]
+
+    def write_task_meta(self, task: int, data: dict[str, Any]) -> None:
+        try:
+            publish_json(self.task_meta_path(task), data, self.fs)
+        except OSError as exc:
+            raise metadata_fault(self.task_meta_path(task), exc) from exc
+
+    # ---- locking ------------------------------------------------------------------------
+    def lock(self, task: int, wait: bool = False, poll: float = 1.0, stop: Any = None,
+             worker: int | None = None) -> TaskLock:
+        """Take the lock of (OUT, task), or of one device worker; LockBusy when held by a live
+        process and not waiting."""
+        lock = TaskLock(self.lock_path(task, worker))
+        lock.acquire(wait=wait, poll=poll, stop=stop)
+        return lock
+
+
+def json_text(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def iter_shard_keys(out: OutDir, damaged: list[str] | None = None) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """Yield (shard, ids, modalities) of every committed shard, reading only those columns. A
+    shard that cannot be read (truncated, foreign) raises `OutputError` naming it, or with
+    `damaged` given is named there and skipped."""
+    for shard in out.shards():
+        found = shard_keys(out, shard, damaged)
+        if found is not None:
+            yield shard, *found
+
+
+def shard_keys(out: OutDir, shard: Path, damaged: list[str] | None = None) -> tuple[list[str], list[str]] | None:
+    """(ids, modalities) of one committed shard, from its own columns (or its sidecar or index);
+    a shard that cannot be read raises `OutputError`, or with `damaged` is named there (None)."""
+    import pyarrow.parquet as pq
+
+    source = shard if shard.suffix == ".parquet" else out.sidecar_path(shard.name)
+    index = out.index_path(shard.name)  # token shards (writers/tokens.py)
+    if shard.suffix != ".parquet" and index.exists():
+        source = index
+    try:
+        table = pq.read_table(source, columns=["id", "modality"])
+    except Exception as exc:  # pyarrow raises several types for a damaged or foreign file
+        problem = damaged_shard(shard, exc)
+        if damaged is None:
+            raise OutputError(problem) from None
+        damaged.append(problem)
+        return None
+    return table.column("id").to_pylist(), table.column("modality").to_pylist()
+
+
+def damaged_shard(shard: Path, exc: BaseException) -> str:
+    """What to say about a shard that cannot be read, and what to do."""
+    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return (f"shard {shard} cannot be read ({text}): it is damaged or not mmenc's; delete it and re-run its "
+            "task to encode its items again, or start over with --overwrite")

@@ -1,0 +1,79 @@
+"""The run's side of opening a task (`output.task.Admission`): its fingerprint, how it judges the
+one an output was written with, and the run.json of a new output.
+
+Resolved before the fingerprint: the compute dtype for the device, `--decode` (the mode the
+output was written with when not given), and the extras `--decode gpu` and audio or video need
+(a clear error before a model is loaded for nothing). The decode workers' forkserver starts here
+when it pays, so its imports overlap the model's load.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..encoders.device_decode import jpeg_decoder
+from ..clock import timestamp
+from ..errors import OutputError
+from ..media.clips import require_av
+from .decode_pool import start_forkserver, workers_start_early
+from .metadata import (
+    decode_mode,
+    fingerprint,
+    fingerprint_diff,
+    library_versions,
+    model_facts,
+    resolved_dtype,
+    version_changes,
+)
+
+if TYPE_CHECKING:
+    from .pipeline import EncodeRun
+
+log = logging.getLogger("mmenc")
+
+
+class RunAdmission:
+    """How an `EncodeRun` opens its task (see the module docstring)."""
+
+    def __init__(self, run: "EncodeRun") -> None:
+        self.run = run
+        self.dtype = "float32"
+
+    def fingerprint(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
+        run = self.run
+        cfg = run.cfg
+        self.dtype = resolved_dtype(cfg, run.device)
+        if cfg.media.decode == "gpu":
+            jpeg_decoder()  # the extra is installed, or a clear error before anything else
+        if {"audio", "video"} & set(cfg.modalities or ()):
+            require_av()  # likewise, before a model is loaded for nothing
+        if cfg.media.decode is None:  # settled once: what the output was written with, or fast
+            run.cfg = cfg = replace(cfg, media=replace(cfg.media, decode=decode_mode(cfg, recorded)))
+        if workers_start_early(cfg, run.device):  # their imports overlap the model's load
+            start_forkserver(torch=True)
+        return fingerprint(cfg, self.dtype)
+
+    def judge(self, recorded: dict[str, Any], fp: dict[str, Any]) -> list[str]:
+        diff = fingerprint_diff(recorded.get("fingerprint", {}), fp)
+        if not diff:
+            for name, was, now in version_changes(recorded.get("versions")):  # a routine upgrade: go on, say so
+                log.warning("%s was started with %s %s, this run has %s %s: resuming; vectors made by the two "
+                            "versions may differ slightly", self.run.cfg.writer.out, name, was, name, now)
+        return diff
+
+    def create(self, fp: dict[str, Any]) -> dict[str, Any]:
+        run = self.run
+        facts = model_facts(run.cfg, run.load_encoder(), self.dtype)
+        return {"fingerprint": fp, "facts": facts, "config": run.cfg.to_dict(), "created": timestamp(),
+                "versions": library_versions()}
+
+
+def check_commit(root: str, model: str, facts: dict[str, Any], info: dict[str, Any]) -> None:
+    """A hub id's fingerprint names the requested revision ("main" moves): the commit the model
+    actually came from must be the one the output was started with, or vectors would mix."""
+    was, now = facts.get("commit"), info.get("commit")
+    if was and now and was != now:
+        raise OutputError(f"{model} now resolves to commit {now}, but {root} was written with commit "
+                          f"{was}: pin --revision {was}, use another --out, or --overwrite to start over")

@@ -123,7 +123,7 @@ def agreement(name: str, out: Path, st_vectors: Path, n: int, dtype: str) -> str
     of its saved matrix is the manifest's id `t{i}`): a speed-up counts only for the same output."""
     import numpy as np
 
-    from mmenc_cli.reader import read_embeddings
+    from mmenc_cli.output.embeddings import read_embeddings
 
     ids, got = read_embeddings(out, "text")
     want = np.load(st_vectors)

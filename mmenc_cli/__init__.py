@@ -12,10 +12,10 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "read_embeddings": ("reader", "read_embeddings"),
-    "inspect_output": ("reader", "inspect_output"),
-    "read_token_embedding": ("reader", "read_token_embedding"),
-    "iter_token_embeddings": ("reader", "iter_token_embeddings"),
+    "read_embeddings": ("output.embeddings", "read_embeddings"),
+    "inspect_output": ("output.inspect", "inspect_output"),
+    "read_token_embedding": ("output.embeddings", "read_token_embedding"),
+    "iter_token_embeddings": ("output.embeddings", "iter_token_embeddings"),
     "run_encode": ("run.pipeline", "run_encode"),
     "RunResult": ("run.counters", "RunResult"),
     "RunConfig": ("config", "RunConfig"),

@@ -86,7 +86,7 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
     `dest` must be empty, missing, or (with `overwrite`) a previous export, whose files are
     removed first. Raises `OutputError` when `out` is not a token output.
     """
-    from .reader import iter_token_embeddings
+    from .output.embeddings import iter_token_embeddings
 
     od = OutDir(out)
     facts = (od.read_run_meta() or {}).get("facts") or {}
@@ -107,7 +107,7 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
 def _write_items(manifest: Path, od: OutDir, dest: Path, framework: str, dtype: str | None, facts: dict[str, Any],
                  counts: list[int]) -> None:
     """Each image's and video clip's token embedding as a file in `dest`, and its line in `manifest`."""
-    from .reader import iter_token_embeddings
+    from .output.embeddings import iter_token_embeddings
 
     with open(manifest, "w", encoding="utf-8") as fh:
         for emb in iter_token_embeddings(od.root, modality=None, framework=framework):

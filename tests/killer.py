@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mmenc_cli.output.folder import OutDir  # noqa: E402
+from mmenc_cli.output.outdir import OutDir  # noqa: E402
 from mmenc_cli.output.task import TaskOutput  # noqa: E402
 from mmenc_cli.run import pipeline  # noqa: E402
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from mmenc_cli.config import BatchConfig, ManifestConfig, MediaConfig, ModelConfig, RunConfig, WriterConfig
 from mmenc_cli.output import OutDir
-from mmenc_cli.reader import read_embeddings
+from mmenc_cli.output.embeddings import read_embeddings
 from mmenc_cli.records import MODALITIES
 
 

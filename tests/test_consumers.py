@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmenc_cli.reader import read_embeddings
+from mmenc_cli.output.embeddings import read_embeddings
 from mmenc_cli.run.pipeline import run_encode
 from tests.conftest import write_jsonl
 from tests.fakes import FakeEncoder, factory

@@ -17,7 +17,7 @@ import pytest
 
 from mmenc_cli.output import OutDir
 from mmenc_cli.output.locks import TaskLock
-from mmenc_cli.reader import read_embeddings
+from mmenc_cli.output.embeddings import read_embeddings
 from tests.conftest import make_image, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,8 @@ import pytest
 
 from mmenc_cli.output import OutDir, parse_shard_name, shard_name
 from mmenc_cli.run.pipeline import run_encode
-from mmenc_cli.reader import inspect_output, read_embeddings
+from mmenc_cli.output.embeddings import read_embeddings
+from mmenc_cli.output.inspect import inspect_output
 from tests.fakes import FakeEncoder, factory
 from tests.runs import make_cfg
 

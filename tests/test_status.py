@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from mmenc_cli.cli import app
 from mmenc_cli.output import OutDir, parse_shard_name, read_json, write_json_atomic
 from mmenc_cli.run.pipeline import run_encode
-from mmenc_cli.status import collect_status
+from mmenc_cli.output.status import collect_status
 from tests.conftest import make_image, write_jsonl
 from tests.fakes import FakeEncoder, factory
 from tests.runs import make_cfg

@@ -17,7 +17,8 @@ from mmenc_cli.errors import MMError
 from mmenc_cli.errors import OutputError
 from mmenc_cli.output import OutDir
 from mmenc_cli.run.pipeline import run_encode
-from mmenc_cli.reader import inspect_output, iter_token_embeddings, read_embeddings, read_token_embedding
+from mmenc_cli.output.embeddings import iter_token_embeddings, read_embeddings, read_token_embedding
+from mmenc_cli.output.inspect import inspect_output
 from tests import modelfactory_vl as mf
 from tests.conftest import write_jsonl
 

@@ -15,7 +15,7 @@ from .render import duplicates_line, echo_err, print_inspect
 def inspect(out: OutArg, json_out: JsonOpt = False) -> None:
     """Count embeddings per modality, show dim, dtype, model and shards; check every shard (exit 3 on a
     problem, 4 on ids or items encoded twice)."""
-    from ..reader import inspect_output
+    from ..output.inspect import inspect_output
 
     with fatal_errors():
         report = inspect_output(out)

@@ -16,9 +16,9 @@ import typer
 from ..errors import printable
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..reader import InspectReport
+    from ..output.inspect import InspectReport
     from ..run.counters import Counters, ModalityStats, RunResult
-    from ..status import StatusReport
+    from ..output.status import StatusReport
 
 log = logging.getLogger("mmenc")
 

@@ -21,7 +21,7 @@ def status(out: OutArg, json_out: JsonOpt = False,
     Exit codes: 0 every task done and no duplicated ids; 4 otherwise (a task not done, running,
     needing a re-run, or duplicates); 3 OUT is not an mmenc output.
     """
-    from ..status import collect_status
+    from ..output.status import collect_status
 
     with fatal_errors():
         report = collect_status(out, examples=examples)

@@ -94,7 +94,7 @@ def load_encoder(cfg: "ModelConfig", device: str | None = None) -> Encoder:
     if cfg.pooling == "frames":  # the model's own adapter, its per-frame outputs kept apart
         from dataclasses import replace
 
-        from .clips import FramesEncoder
+        from .clip_batches import FramesEncoder
 
         try:
             inner = load_encoder(replace(cfg, pooling="auto"), device)

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ModelLoadError, first_line
 from .base import AudioPreprocessor, EncodeOutput, Encoder, ImageInput, ImagePreprocessor
 from .cpu import make_forward
-from .clips import collate_audio, mean_of_frames
+from .clip_batches import collate_audio, mean_of_frames
 from .device import stack_to_device, to_device
 from .forward import CompiledOrEager, Inputs
 from .loading import ModelProbe

@@ -4,7 +4,7 @@ everything under OUT: no other module builds or parses a name under `_mmenc/`.""
 
 from __future__ import annotations
 
-from .folder import (
+from .outdir import (
     META,
     SHARD_EXTS,
     OutDir,

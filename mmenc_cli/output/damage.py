@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from .report import iter_error_records
-from .folder import OutDir, parse_shard_name, read_json
+from .outdir import OutDir, parse_shard_name, read_json
 from .shardlog import missing_shards, read_logs
 
 

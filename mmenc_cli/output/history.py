@@ -16,7 +16,7 @@ import numpy as np
 
 from ..idset import AttemptCounts, HashSet64, id_hash
 from ..records import ManifestRow
-from .folder import OutDir
+from .outdir import OutDir
 from .keys import CommittedKeys, load_committed
 from .report import iter_error_records, row_locator
 

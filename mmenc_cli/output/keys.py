@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import OutputError
 from ..idset import HashSet64, id_hash
-from .folder import OutDir, damaged_shard, shard_keys
+from .outdir import OutDir, damaged_shard, shard_keys
 
 MAGIC = b"MMKEYS1\n"
 ROW = np.dtype([("item", "<u8"), ("id", "<u8"), ("src", "<u8"), ("man", "<u4"), ("off", "<i8")])

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .folder import OutDir, metadata_fault, parse_shard_name
+from .outdir import OutDir, metadata_fault, parse_shard_name
 
 log = logging.getLogger("mmenc")
 

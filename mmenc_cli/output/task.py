@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 from ..errors import OutputError
 from ..stopping import Interrupted, interruptible
-from .folder import OutDir
+from .outdir import OutDir
 from .fs import read_json
 from .history import History, load_history
 from .keys import key_rows, write_keys

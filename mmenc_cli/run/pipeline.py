@@ -35,7 +35,7 @@ from .admission import RunAdmission, check_commit
 from .counters import Counters, RunResult, threshold_exceeded
 from .devices import run_devices
 from .failures import FailureSink
-from .media import released
+from .media_feed import released
 from .metadata import task_record
 from .stages import Stages
 

@@ -12,8 +12,8 @@ from ..writers import make_writer
 from .commit import ShardCommitter
 from .decode_pool import DecodePool
 from .decode_worker import Preprocessors
-from .media import CHUNK, MediaFeed, device_decoder
-from .stage import EncodeStage
+from .media_feed import CHUNK, MediaFeed, device_decoder
+from .encode_stage import EncodeStage
 from ..stopping import Interrupted
 from .texts import TextFeed
 

@@ -68,14 +68,14 @@ class ShardWriter(Protocol):
 def make_writer(fmt: str, meta: dict[str, Any], out_dtype: str, keep: tuple[str, ...]) -> ShardWriter:
     """The writer for `--format` (token shards + index when the encoder's output_kind is tokens)."""
     if meta.get("output_kind") == "tokens":
-        from .tokens import TokenShardWriter
+        from .token_shards import TokenShardWriter
 
         return TokenShardWriter(meta, out_dtype, keep)
     if fmt == "parquet":
-        from .parquet import ParquetShardWriter
+        from .parquet_shards import ParquetShardWriter
 
         return ParquetShardWriter(meta, out_dtype, keep)
-    from .safetensors import SafetensorsShardWriter
+    from .safetensors_shards import SafetensorsShardWriter
 
     return SafetensorsShardWriter(meta, out_dtype, keep)
 

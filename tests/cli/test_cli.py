@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mmenc_cli.cli import app
-from mmenc_cli.reader import read_embeddings
+from mmenc_cli.output.embeddings import read_embeddings
 from tests.conftest import make_image, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

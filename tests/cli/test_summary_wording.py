@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from mmenc_cli.cli import app
 from mmenc_cli.cli.render import duplicates_line, plural, print_error_summary, summary_lines, word
 from mmenc_cli.cli.status import _rerun_hint
-from mmenc_cli.status import Duplicates
+from mmenc_cli.output.status import Duplicates
 from tests.cli.test_render import counters, result
 from tests.conftest import write_jsonl
 

@@ -209,7 +209,7 @@ def test_a_run_with_decode_workers_then_a_resume_under_another_library_version(
 
     from mmenc_cli.config import BatchConfig, MediaConfig, RunConfig, WriterConfig
     from mmenc_cli.output import OutDir
-    from mmenc_cli.reader import read_embeddings
+    from mmenc_cli.output.embeddings import read_embeddings
     from mmenc_cli.run.pipeline import run_encode
 
     (tmp_path / "img").mkdir()

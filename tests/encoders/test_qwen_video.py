@@ -18,7 +18,7 @@ from mmenc_cli.config import BatchConfig, MediaConfig, ModelConfig, RunConfig, W
 from mmenc_cli.encoders import load_encoder  # noqa: E402
 from mmenc_cli.export import export_vllm  # noqa: E402
 from mmenc_cli.media.video import decode_frames  # noqa: E402
-from mmenc_cli.reader import iter_token_embeddings  # noqa: E402
+from mmenc_cli.output.embeddings import iter_token_embeddings  # noqa: E402
 from mmenc_cli.run.decode_worker import Preprocessors, decode_one  # noqa: E402
 from mmenc_cli.run.pipeline import run_encode  # noqa: E402
 from tests import mediafactory as mf  # noqa: E402

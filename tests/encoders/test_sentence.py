@@ -141,7 +141,7 @@ def test_pipeline_buckets_by_tokens_and_matches_direct_encoding(tmp_path: Path,
     import json
 
     from mmenc_cli.config import BatchConfig, RunConfig, WriterConfig
-    from mmenc_cli.reader import read_embeddings
+    from mmenc_cli.output.embeddings import read_embeddings
     from mmenc_cli.run import pipeline, texts as run_texts
 
     monkeypatch.setattr(run_texts, "TEXT_WINDOW", 16)
@@ -181,7 +181,7 @@ def test_texts_tokenized_ahead_on_a_thread_give_the_same_vectors(tmp_path: Path,
 
     from mmenc_cli.config import BatchConfig, RunConfig, WriterConfig
     from mmenc_cli.encoders import hf
-    from mmenc_cli.reader import read_embeddings
+    from mmenc_cli.output.embeddings import read_embeddings
     from mmenc_cli.run import pipeline, texts as run_texts
 
     assert not run_texts.tokenize_ahead("cpu") and run_texts.tokenize_ahead("cuda:0")

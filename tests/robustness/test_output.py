@@ -16,8 +16,8 @@ from mmenc_cli.errors import OutputError
 from mmenc_cli.output import OutDir
 from mmenc_cli.output.report import ErrorReportWriter, cut_torn_tail, iter_error_records
 from mmenc_cli.run.pipeline import run_encode
-from mmenc_cli.status import collect_status
-from mmenc_cli.writers.parquet import ParquetShardWriter
+from mmenc_cli.output.status import collect_status
+from mmenc_cli.writers.parquet_shards import ParquetShardWriter
 from tests.conftest import write_jsonl
 from tests.fakes import FakeEncoder, factory
 from tests.runs import embeddings, error_rows, make_cfg

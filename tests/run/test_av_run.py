@@ -141,7 +141,7 @@ def test_the_frames_count_is_fingerprinted_as_resolved(tmp_path: Path, tiny_clip
 
 
 def test_pooling_frames_writes_each_clips_frame_embeddings(tmp_path: Path, tiny_clip: Path) -> None:
-    from mmenc_cli.reader import iter_token_embeddings
+    from mmenc_cli.output.embeddings import iter_token_embeddings
 
     clips = {"a": mf.make_video(tmp_path / "a.mp4", "mp4", seconds=2.0),
              "b": mf.make_video(tmp_path / "b.webm", "webm", seconds=1.0)}

@@ -9,7 +9,7 @@ import pytest
 
 from mmenc_cli.run.counters import Counters
 from mmenc_cli.run.pipeline import run_encode
-from mmenc_cli.writers.parquet import ParquetShardWriter
+from mmenc_cli.writers.parquet_shards import ParquetShardWriter
 from tests.conftest import make_image, write_jsonl
 from tests.fakes import FakeEncoder, factory
 from tests.runs import embeddings, error_rows, make_cfg

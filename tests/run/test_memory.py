@@ -20,7 +20,7 @@ from mmenc_cli.records import Item, ManifestRow
 from mmenc_cli.run.commit import ShardCommitter
 from mmenc_cli.run.counters import Counters
 from mmenc_cli.run.decode_worker import Decoded
-from mmenc_cli.run.media import MediaFeed
+from mmenc_cli.run.media_feed import MediaFeed
 from mmenc_cli.run.pipeline import run_encode
 from tests.fakes import FakeEncoder, factory
 from tests.readers.test_inputs import write_tar
@@ -94,7 +94,7 @@ def test_parquet_rows_with_a_text_keep_no_image_bytes_until_the_commit(tmp_path:
 
 
 def test_a_row_released_keeps_what_the_report_and_retry_need() -> None:
-    from mmenc_cli.run.media import released
+    from mmenc_cli.run.media_feed import released
 
     row = ManifestRow("a", "m.tar", 3, 512, image=b"x" * 10, text="t", keep={"k": 1}, audio="a.wav")
     light = released(row)

@@ -20,11 +20,11 @@ from safetensors import safe_open
 
 from mmenc_cli.errors import OutputError
 from mmenc_cli.output import OutDir, shard_name
-from mmenc_cli.reader import read_safetensors_np
+from mmenc_cli.output.embeddings import read_safetensors_np
 from mmenc_cli.writers import ShardData, ShardWriter, keep_value, make_writer
-from mmenc_cli.writers.parquet import ParquetShardWriter
-from mmenc_cli.writers.safetensors import SafetensorsShardWriter
-from mmenc_cli.writers.tokens import INDEX_COLUMNS, TokenShardWriter
+from mmenc_cli.writers.parquet_shards import ParquetShardWriter
+from mmenc_cli.writers.safetensors_shards import SafetensorsShardWriter
+from mmenc_cli.writers.token_shards import INDEX_COLUMNS, TokenShardWriter
 
 DIM = 4
 META = {"dim": DIM, "model": "m", "output_kind": "pooled", "normalize": True}

@@ -68,7 +68,7 @@ class TokenShardWriter:
         """The tensors and their index (ValueError for a tensor of the wrong shape)."""
         import pyarrow.parquet as pq
 
-        from .safetensors import save_tensors
+        from .safetensors_shards import save_tensors
 
         for v in data.vectors:
             if v.ndim != 2 or v.shape[1] != self.dim:

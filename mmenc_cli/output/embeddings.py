@@ -1,4 +1,5 @@
-"""Reading outputs back without torch: `read_embeddings` and the checks behind `mmenc inspect`."""
+"""Reading an output's embeddings back without torch: `read_embeddings` (pooled vectors of a
+modality as one matrix) and the token embeddings of `--pooling tokens` outputs."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .output.damage import output_problems
-from .output import OutDir, parse_shard_name
+from .layout import parse_shard_name
+from .outdir import OutDir
 
 
-def _shard_meta(path: Path) -> dict[str, Any]:
+def shard_meta(path: Path) -> dict[str, Any]:
     """The `mmenc` metadata recorded in a shard (Parquet schema metadata / safetensors header)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -56,9 +57,9 @@ def read_safetensors_np(path: Path, keys: Any = None) -> dict[str, np.ndarray]:
     return out
 
 
-def _read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str], list[str], np.ndarray]:
+def read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str], list[str], np.ndarray]:
     """ids, modalities and a float32 matrix of one shard (rows of `modality` only when given)."""
-    if _is_token_shard(out, path):
+    if is_token_shard(out, path):
         raise ValueError(f"{path.name} holds token embeddings ([tokens, dim] per item): read them with "
                          "read_token_embedding or iter_token_embeddings")
     if path.suffix == ".parquet":
@@ -96,90 +97,13 @@ def read_embeddings(out: str | Path, modality: str = "image") -> tuple[list[str]
     all_ids: list[str] = []
     parts: list[np.ndarray] = []
     for shard in od.shards():
-        ids, _, matrix = _read_shard(od, shard, modality)
+        ids, _, matrix = read_shard(od, shard, modality)
         if ids:
             all_ids.extend(ids)
             parts.append(matrix)
     if not parts:
         return [], np.zeros((0, 0), dtype=np.float32)
     return all_ids, np.concatenate(parts)
-
-
-@dataclass
-class InspectReport:
-    """What `mmenc inspect` found: counts, facts and problems (a non-empty `problems` fails)."""
-
-    embeddings: int = 0
-    by_modality: dict[str, int] = field(default_factory=dict)
-    dim: int | None = None
-    dtype: str | None = None
-    model: str | None = None
-    revision: str | None = None
-    format: str | None = None
-    shards: list[dict[str, Any]] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    duplicates: Any = None  # `status.Duplicates`: ids or items committed twice (exit 4)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        from dataclasses import asdict
-
-        return asdict(self)
-
-
-def inspect_output(out: str | Path) -> InspectReport:
-    """Read every shard, check it is readable and agrees with the run metadata."""
-    od = OutDir(out)
-    report = InspectReport()
-    run = od.read_run_meta()
-    run = run if isinstance(run, dict) else {}
-    facts = run.get("facts") or {}
-    report.dim, report.model = facts.get("dim"), facts.get("model")
-    report.revision, report.dtype = facts.get("revision"), facts.get("out_dtype")
-    report.format = (run.get("config", {}).get("writer") or {}).get("format")
-    if not od.root.is_dir():
-        report.problems.append(f"{od.root}: no such folder")
-        return report
-    exists = od.run_meta_path.exists()
-    if not exists:
-        report.problems.append(f"{od.run_meta_path}: missing run metadata (not an mmenc output?)")
-    report.problems += [p for p in output_problems(od) if exists or not p.startswith(str(od.run_meta_path))]
-    for shard in od.shards():
-        entry: dict[str, Any] = {"name": shard.name, "rows": 0, "ok": True}
-        try:
-            meta = _shard_meta(shard)
-            if _is_token_shard(od, shard):
-                ids, mods, dim = _check_token_shard(od, shard, facts)
-                matrix = np.broadcast_to(np.float32(0), (len(ids), dim or 0))  # shape only (no memory)
-            else:
-                ids, mods, matrix = _read_shard(od, shard, None)
-            entry["rows"] = len(ids)
-            for m in mods:
-                report.by_modality[m] = report.by_modality.get(m, 0) + 1
-            report.embeddings += len(ids)
-            dim = int(matrix.shape[1]) if matrix.size else meta.get("dim")
-            if report.dim is None:
-                report.dim = dim
-            if dim is not None and report.dim is not None and dim != report.dim:
-                raise ValueError(f"dim {dim} differs from the run's dim {report.dim}")
-            if meta and facts and meta.get("model") != facts.get("model"):
-                raise ValueError(f"model {meta.get('model')!r} differs from the run's {facts.get('model')!r}")
-            if len(ids) != len(mods) or (matrix.size and matrix.shape[0] != len(ids)):
-                raise ValueError("row counts of ids and embeddings differ")
-        except Exception as exc:  # any unreadable shard is a finding, not a crash
-            entry["ok"] = False
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-            report.problems.append(f"{shard.name}: {entry['error']}")
-        parsed = parse_shard_name(shard.name)
-        entry["task"] = parsed.task if parsed else None
-        report.shards.append(entry)
-    from .status import find_duplicates
-
-    report.duplicates = find_duplicates(od, [])  # damaged shards are named above
-    return report
-
-
-# ------------------------------------------------------------------------------ token outputs
 
 
 @dataclass
@@ -202,11 +126,11 @@ def _token_index(od: OutDir, shard: Path) -> Path:
     return od.index_path(shard.name)
 
 
-def _is_token_shard(od: OutDir, shard: Path) -> bool:
+def is_token_shard(od: OutDir, shard: Path) -> bool:
     return shard.suffix == ".safetensors" and _token_index(od, shard).exists()
 
 
-def _check_token_shard(od: OutDir, shard: Path, facts: dict[str, Any]) -> tuple[list[str], list[str], int | None]:
+def check_token_shard(od: OutDir, shard: Path, facts: dict[str, Any]) -> tuple[list[str], list[str], int | None]:
     """Check a token shard against its index (keys, shapes, dtype) without loading tensors."""
     import pyarrow.parquet as pq
     from safetensors import safe_open
@@ -245,7 +169,7 @@ def iter_token_embeddings(out: str | Path, modality: str | None = "image",
     fw = {"np": "numpy", "numpy": "numpy", "pt": "pt", "torch": "pt"}[framework]
     od = OutDir(out)
     for shard in od.shards(".safetensors"):
-        if not _is_token_shard(od, shard):
+        if not is_token_shard(od, shard):
             continue
         for row in pq.read_table(_token_index(od, shard)).to_pylist():
             if modality is not None and row["modality"] != modality:
@@ -267,7 +191,7 @@ def read_token_embedding(out: str | Path, id: str, modality: str = "image",
     fw = {"np": "numpy", "numpy": "numpy", "pt": "pt", "torch": "pt"}[framework]
     od = OutDir(out)
     for shard in od.shards(".safetensors"):
-        if not _is_token_shard(od, shard):
+        if not is_token_shard(od, shard):
             continue
         table = pq.read_table(_token_index(od, shard), columns=["id", "modality", "key", "image_grid_thw"])
         hit = table.filter(pc.and_(pc.equal(table["id"], id), pc.equal(table["modality"], modality)))

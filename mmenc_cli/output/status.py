@@ -29,12 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import OutputError
-from .idset import hash_many
-from .output.locks import TaskLock
-from .output.keys import UNKNOWN, iter_key_rows
-from .output import OutDir, iter_shard_keys, parse_shard_name, read_json
-from .output.damage import missing_shard_problems, run_meta_problem, task_meta_problems
+from ..errors import OutputError
+from ..idset import hash_many
+from .damage import missing_shard_problems, run_meta_problem, task_meta_problems
+from .fs import read_json
+from .keys import UNKNOWN, iter_key_rows
+from .layout import parse_shard_name
+from .locks import TaskLock
+from .outdir import OutDir, iter_shard_keys
 
 DONE = "done"
 MISSING = "missing"
@@ -167,7 +169,7 @@ def _errors_by_task(od: OutDir, problems: list[str]) -> Counter[int]:
     """Current failures (latest outcome per item) per task."""
     if not od.error_report_paths():
         return Counter()
-    from .error_rows import latest_errors
+    from ..error_rows import latest_errors
 
     damaged: list[str] = []
     rows = latest_errors(od.root, damaged=damaged)

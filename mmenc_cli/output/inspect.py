@@ -1,0 +1,91 @@
+"""`mmenc inspect OUT`: every shard read and checked against the run's metadata, what is damaged
+in the output, and its duplicates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .damage import output_problems
+from .embeddings import check_token_shard, is_token_shard, read_shard, shard_meta
+from .layout import parse_shard_name
+from .outdir import OutDir
+from .status import find_duplicates
+
+
+@dataclass
+class InspectReport:
+    """What `mmenc inspect` found: counts, facts and problems (a non-empty `problems` fails)."""
+
+    embeddings: int = 0
+    by_modality: dict[str, int] = field(default_factory=dict)
+    dim: int | None = None
+    dtype: str | None = None
+    model: str | None = None
+    revision: str | None = None
+    format: str | None = None
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    duplicates: Any = None  # `status.Duplicates`: ids or items committed twice (exit 4)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def inspect_output(out: str | Path) -> InspectReport:
+    """Read every shard, check it is readable and agrees with the run metadata."""
+    od = OutDir(out)
+    report = InspectReport()
+    run = od.read_run_meta()
+    run = run if isinstance(run, dict) else {}
+    facts = run.get("facts") or {}
+    report.dim, report.model = facts.get("dim"), facts.get("model")
+    report.revision, report.dtype = facts.get("revision"), facts.get("out_dtype")
+    report.format = (run.get("config", {}).get("writer") or {}).get("format")
+    if not od.root.is_dir():
+        report.problems.append(f"{od.root}: no such folder")
+        return report
+    exists = od.run_meta_path.exists()
+    if not exists:
+        report.problems.append(f"{od.run_meta_path}: missing run metadata (not an mmenc output?)")
+    report.problems += [p for p in output_problems(od) if exists or not p.startswith(str(od.run_meta_path))]
+    for shard in od.shards():
+        entry: dict[str, Any] = {"name": shard.name, "rows": 0, "ok": True}
+        try:
+            meta = shard_meta(shard)
+            if is_token_shard(od, shard):
+                ids, mods, dim = check_token_shard(od, shard, facts)
+                matrix = np.broadcast_to(np.float32(0), (len(ids), dim or 0))  # shape only (no memory)
+            else:
+                ids, mods, matrix = read_shard(od, shard, None)
+            entry["rows"] = len(ids)
+            for m in mods:
+                report.by_modality[m] = report.by_modality.get(m, 0) + 1
+            report.embeddings += len(ids)
+            dim = int(matrix.shape[1]) if matrix.size else meta.get("dim")
+            if report.dim is None:
+                report.dim = dim
+            if dim is not None and report.dim is not None and dim != report.dim:
+                raise ValueError(f"dim {dim} differs from the run's dim {report.dim}")
+            if meta and facts and meta.get("model") != facts.get("model"):
+                raise ValueError(f"model {meta.get('model')!r} differs from the run's {facts.get('model')!r}")
+            if len(ids) != len(mods) or (matrix.size and matrix.shape[0] != len(ids)):
+                raise ValueError("row counts of ids and embeddings differ")
+        except Exception as exc:  # any unreadable shard is a finding, not a crash
+            entry["ok"] = False
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            report.problems.append(f"{shard.name}: {entry['error']}")
+        parsed = parse_shard_name(shard.name)
+        entry["task"] = parsed.task if parsed else None
+        report.shards.append(entry)
+    report.duplicates = find_duplicates(od, [])  # damaged shards are named above
+    return report
+
+
+# ------------------------------------------------------------------------------ token outputs

@@ -184,30 +184,18 @@ def build_sbatch_script(opts: SlurmOptions) -> str:
 
 
 def default_script_path(out: str | Path, now: float | None = None) -> Path:
-    """OUT/_mmenc/slurm/encode-YYYYmmdd-HHMMSS.sbatch, with -2, -3, ... when that name exists."""
-    folder = slurm_dir(out)
-    stamp = file_stamp(now)
-    path, n = folder / f"encode-{stamp}.sbatch", 1
-    while path.exists():
-        n += 1
-        path = folder / f"encode-{stamp}-{n}.sbatch"
-    return path
-
-
-def slurm_dir(out: str | Path) -> Path:
-    """Where generated scripts go: OUT/_mmenc/slurm."""
-    return OutDir(out).slurm_dir
+    """Where a script goes by default: a new name in the output's script folder."""
+    return OutDir(out).new_script_path(file_stamp(now))
 
 
 def default_logs_dir(out: str | Path) -> Path:
-    """Where array task logs go by default: OUT/_mmenc/logs."""
+    """Where array task logs go by default: the output's log folder."""
     return OutDir(out).logs_dir
 
 
 def latest_script(out: str | Path) -> Path | None:
-    """The most recently written script in OUT/_mmenc/slurm, if any."""
-    scripts = list(slurm_dir(out).glob("*.sbatch"))
-    return max(scripts, key=lambda p: p.stat().st_mtime) if scripts else None
+    """The most recently written script of the output, if any."""
+    return OutDir(out).latest_script()
 
 
 def write_script(path: Path, text: str) -> None:

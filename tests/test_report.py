@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmenc_cli.errors import MMError
-from mmenc_cli.output.report import ErrorRecord, ErrorReportWriter, iter_error_records
+from mmenc_cli.output.report import ErrorReportWriter, iter_error_records
+from mmenc_cli.records import ErrorRecord
 
 
 def test_report_is_append_only_and_torn_last_line_is_skipped(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typer.core import TyperCommand
 
 from ..clock import timestamp
 from ..errors import ConfigError, ExitCode, OutputError, SubmitError
+from ..output.layout import shown
 from ..slurm import SlurmOptions
 from .encode import default_model
 from .exits import fail, fatal_errors
@@ -83,11 +84,11 @@ def slurm(
     requeue: Annotated[bool, typer.Option("--requeue/--no-requeue", help="Let Slurm requeue preempted or "
                                           "node-failed tasks (safe: every run resumes).")] = SlurmOptions.requeue,
     logs: Annotated[Optional[Path], typer.Option(help="Folder of the task logs, DIR/%A_%a.out "
-                                                 "[default: OUT/_mmenc/logs].", show_default=False)] = None,
+                                                 f"[default: {shown('logs')}].", show_default=False)] = None,
     job_name: Annotated[Optional[str], typer.Option(help="Job name [default: mmenc-<OUT name>].",
                                                     show_default=False)] = None,
     script: Annotated[Optional[Path], typer.Option(help="Where to write the script; - prints it "
-                                                   "[default: OUT/_mmenc/slurm/encode-<time>.sbatch].",
+                                                   f"[default: {shown('slurm', 'encode-<time>.sbatch')}].",
                                                    show_default=False)] = None,
     do_submit: Annotated[bool, typer.Option("--submit", help="Submit with sbatch and print the job id "
                                             "(only the id, on stdout).")] = False,

@@ -126,6 +126,16 @@ def keys_name(shard: str) -> str:
     return shard.rsplit(".", 1)[0] + ".keys"
 
 
+def script_name(stamp: str, n: int = 1) -> str:
+    """An sbatch script `mmenc slurm` writes (`-2`, `-3`, ... when the stamp's name is taken)."""
+    return f"encode-{stamp}.sbatch" if n == 1 else f"encode-{stamp}-{n}.sbatch"
+
+
+def shown(*parts: str) -> str:
+    """How a path under `_mmenc/` is named in help texts and messages (`OUT/_mmenc/...`)."""
+    return "/".join(["OUT", META, *parts])
+
+
 def tmp_name(name: str) -> str:
     """A file being written under `tmp/` (hidden, so a listing of OUT never shows it)."""
     return f".{name}.tmp"

@@ -100,6 +100,18 @@ class OutDir:
         """Where Slurm array tasks log by default."""
         return self.meta / "logs"
 
+    def new_script_path(self, stamp: str) -> Path:
+        """A free name for a new sbatch script in `slurm_dir` (`stamp`: when it is written)."""
+        n = 1
+        while (self.slurm_dir / layout.script_name(stamp, n)).exists():
+            n += 1
+        return self.slurm_dir / layout.script_name(stamp, n)
+
+    def latest_script(self) -> Path | None:
+        """The most recently written script in `slurm_dir`, if any."""
+        scripts = [p for p in self.slurm_dir.glob("*.sbatch")] if self.slurm_dir.is_dir() else []
+        return max(scripts, key=lambda p: p.stat().st_mtime) if scripts else None
+
     def _side_file(self, folder: str, shard: str) -> Path:
         path = self.meta / folder / layout.side_name(shard)
         legacy = self.meta / folder / layout.side_name(shard, layout.LEGACY_SIDE_EXT)

@@ -12,56 +12,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from ..clock import timestamp
-from ..errors import MMError, OutputError, trim_message
-
-
-@dataclass(slots=True)
-class ErrorRecord:
-    """One row of the error report. `offset` is what `mmenc errors retry` uses to find the row."""
-
-    id: str | None
-    manifest: str | None
-    line: int | None
-    offset: int | None
-    modality: str | None
-    stage: str
-    code: int
-    reason: str
-    error: str
-    message: str
-    source: str | None = None
-    attempt: int = 1
-    time: str = field(default_factory=timestamp)
-    task: int = 0
-    status: str = "failed"  # "failed", or "resolved": a marker that a manifest line invalid before is a row now
-    key: str | None = None  # a folder's sample: its relative path (its offset is its place in the walk, which moves)
-
-    @classmethod
-    def from_error(cls, err: MMError, *, id: str | None, manifest: str | None, line: int | None,
-                   offset: int | None, modality: str | None, source: str | None = None,
-                   attempt: int = 1, task: int = 0, key: str | None = None) -> "ErrorRecord":
-        """Build a report row from an `MMError` and where the item came from."""
-        return cls(id=id, manifest=manifest, line=line, offset=offset, modality=modality,
-                   stage=err.stage, code=err.code, reason=err.reason, error=err.error,
-                   message=trim_message(err.message), source=source, attempt=attempt, task=task, key=key)
-
-    @classmethod
-    def resolved(cls, *, id: str, manifest: str, line: int | None, offset: int | None, task: int,
-                 key: str | None = None) -> "ErrorRecord":
-        """A marker: the manifest line at (manifest, offset or key), invalid in an earlier run, is a
-        valid row now; the errors commands no longer count the earlier failure."""
-        return cls(id=id, manifest=manifest, line=line, offset=offset, modality=None, stage="read", code=0,
-                   reason="resolved", error="", message="this manifest line is a valid row now", task=task,
-                   status="resolved", key=key)
-
-    def to_json(self) -> str:
-        """One JSON line (no trailing newline)."""
-        return json.dumps(asdict(self))  # ASCII: lone surrogates round-trip
+from ..errors import OutputError
+from ..records import ErrorRecord
 
 
 class ErrorReportWriter:

@@ -29,7 +29,8 @@ from .history import History, load_history
 from .keys import key_rows, write_keys
 from .layout import shard_name
 from .locks import TaskLock
-from .report import ErrorRecord, ErrorReportWriter
+from ..records import ErrorRecord
+from .report import ErrorReportWriter
 from .shardlog import log_commit, reconcile
 
 log = logging.getLogger("mmenc")
@@ -81,15 +82,12 @@ class TaskOutput:
 
     def __init__(self, out: OutDir, request: TaskRequest, lock: TaskLock | None) -> None:
         self.out, self.request, self._lock = out, request, lock
+        self.root = str(out.root)
         self.facts: dict[str, Any] = {}
         self.history = History()
         self.interrupted = False
         self.report: ErrorReportWriter | None = None
         self._seq = 0
-
-    @property
-    def root(self) -> str:
-        return str(self.out.root)
 
     def commit(self, shard: Any, writer: Any) -> Committed:
         """Commit one shard (`writers.ShardData`, encoded by a `writers.ShardWriter`): its key file

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
+from ..config import RunConfig
+from ..encoders.base import Encoder
 from ..encoders.device_decode import jpeg_decoder
 from ..clock import timestamp
 from ..errors import OutputError
@@ -28,30 +30,28 @@ from .metadata import (
     version_changes,
 )
 
-if TYPE_CHECKING:
-    from .pipeline import EncodeRun
-
 log = logging.getLogger("mmenc")
 
 
 class RunAdmission:
-    """How an `EncodeRun` opens its task (see the module docstring)."""
+    """How a run opens its task (see the module docstring): `cfg` is the run's config, with
+    `--decode` settled once the output's run.json has been read; `load_encoder` loads the model
+    (a new output's facts need it)."""
 
-    def __init__(self, run: "EncodeRun") -> None:
-        self.run = run
+    def __init__(self, cfg: RunConfig, device: str, load_encoder: Callable[[], Encoder]) -> None:
+        self.cfg, self.device, self.load_encoder = cfg, device, load_encoder
         self.dtype = "float32"
 
     def fingerprint(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
-        run = self.run
-        cfg = run.cfg
-        self.dtype = resolved_dtype(cfg, run.device)
+        cfg = self.cfg
+        self.dtype = resolved_dtype(cfg, self.device)
         if cfg.media.decode == "gpu":
             jpeg_decoder()  # the extra is installed, or a clear error before anything else
         if {"audio", "video"} & set(cfg.modalities or ()):
             require_av()  # likewise, before a model is loaded for nothing
         if cfg.media.decode is None:  # settled once: what the output was written with, or fast
-            run.cfg = cfg = replace(cfg, media=replace(cfg.media, decode=decode_mode(cfg, recorded)))
-        if workers_start_early(cfg, run.device):  # their imports overlap the model's load
+            self.cfg = cfg = replace(cfg, media=replace(cfg.media, decode=decode_mode(cfg, recorded)))
+        if workers_start_early(cfg, self.device):  # their imports overlap the model's load
             start_forkserver(torch=True)
         return fingerprint(cfg, self.dtype)
 
@@ -60,13 +60,12 @@ class RunAdmission:
         if not diff:
             for name, was, now in version_changes(recorded.get("versions")):  # a routine upgrade: go on, say so
                 log.warning("%s was started with %s %s, this run has %s %s: resuming; vectors made by the two "
-                            "versions may differ slightly", self.run.cfg.writer.out, name, was, name, now)
+                            "versions may differ slightly", self.cfg.writer.out, name, was, name, now)
         return diff
 
     def create(self, fp: dict[str, Any]) -> dict[str, Any]:
-        run = self.run
-        facts = model_facts(run.cfg, run.load_encoder(), self.dtype)
-        return {"fingerprint": fp, "facts": facts, "config": run.cfg.to_dict(), "created": timestamp(),
+        facts = model_facts(self.cfg, self.load_encoder(), self.dtype)
+        return {"fingerprint": fp, "facts": facts, "config": self.cfg.to_dict(), "created": timestamp(),
                 "versions": library_versions()}
 
 

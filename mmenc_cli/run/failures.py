@@ -15,7 +15,7 @@ from ..errors import MMError, OutputError
 from ..idset import AttemptCounts, id_hash
 from ..media.sources import describe_source
 from ..records import InvalidRow, ManifestRow
-from ..output.report import ErrorRecord
+from ..records import ErrorRecord
 from ..output.task import TaskOutput
 from .counters import Counters
 

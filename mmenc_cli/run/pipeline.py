@@ -25,13 +25,13 @@ from ..encoders.base import Encoder
 from ..errors import DeviceError, LockWaitInterrupted, MMError, OutputError
 from ..idset import HashSet64, id_hash
 from ..media.clips import require_av
-from ..output import OutDir
 from ..output.history import History
 from ..output.task import TaskOutput, TaskRequest, open_task
 from ..readers import iter_rows, record_has_id
 from ..records import InvalidRow, Item, ManifestRow, NotDownloaded
 from ..stopping import Interrupted, interruptible
 from .admission import RunAdmission, check_commit
+from .context import RunContext
 from .counters import Counters, RunResult, threshold_exceeded
 from .devices import run_devices
 from .failures import FailureSink
@@ -78,11 +78,12 @@ class EncodeRun:
         """Run the task: open it on the output (its lock: a device worker's own under its
         parent's), encode, close it."""
         t_start = time.perf_counter()
+        admission = RunAdmission(self.cfg, self.device, self.load_encoder)
         try:
-            self.output = open_task(self._task_request(t_start))
+            self.output = open_task(self._task_request(t_start, admission))
         except LockWaitInterrupted:
             return self._result("interrupted", t_start)
-        self.facts = self.output.facts
+        self.cfg, self.facts = admission.cfg, self.output.facts
         if self.output.interrupted:  # stopped before it was ready: no model loaded for nothing, but said so
             return self._finish("interrupted", t_start)
         try:
@@ -105,12 +106,12 @@ class EncodeRun:
             state = "stopped" if self.stopped_by == "fail-fast" else "interrupted"
         return self._finish(state, t_start)
 
-    def _task_request(self, t_start: float) -> TaskRequest:
+    def _task_request(self, t_start: float, admission: RunAdmission) -> TaskRequest:
         """What opening this run's task on its output needs."""
         cfg = self.cfg
         return TaskRequest(root=cfg.writer.out, task=self.task, worker=self.worker,
                            role="task" if self.primary else "device", overwrite=cfg.overwrite and self.primary,
-                           wait_lock=cfg.wait_lock, stop=self.stop, admission=RunAdmission(self),
+                           wait_lock=cfg.wait_lock, stop=self.stop, admission=admission,
                            meta=lambda: task_record(self.cfg, "running", self.counters, time.perf_counter() - t_start))
 
     def load_encoder(self) -> Encoder:
@@ -159,7 +160,8 @@ class EncodeRun:
         return result
 
     def _result(self, state: str, t_start: float) -> RunResult:
-        return RunResult(out=str(OutDir(self.cfg.writer.out).root), task=self.task, state=state,
+        root = self.output.root if self.output is not None else self.cfg.writer.out
+        return RunResult(out=root, task=self.task, state=state,
                          counters=self.counters, facts=self.facts, elapsed=time.perf_counter() - t_start,
                          threshold_exceeded=threshold_exceeded(self.cfg, self.counters),
                          model_loaded=self.encoder is not None, events=self.events,
@@ -192,7 +194,9 @@ class EncodeRun:
 
     def _loop(self, modalities: tuple[str, ...], history: History) -> None:
         seen = HashSet64()
-        stages = Stages(self)
+        assert self.output is not None and self.failures is not None
+        stages = Stages(RunContext(self.cfg, self.output, self.counters, self.failures, self.stop, self.progress,
+                                   self.load_encoder, self.facts, modalities, self.events))
         try:
             for rec in self._rows():
                 if self.stop.is_set():

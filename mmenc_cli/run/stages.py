@@ -1,31 +1,28 @@
 """The decode -> batch -> encode -> write machinery of one run (`Stages`), built on first use:
 the encode stage with its shard committer, the text feed, and the media feed with its decode pool.
-`pipeline.EncodeRun`'s row loop hands it items."""
+`pipeline.EncodeRun`'s row loop hands it items; what it needs of the run comes as one
+`RunContext`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from ..encoders.base import Encoder
 from ..errors import MMError
 from ..records import MEDIA, Item
+from ..stopping import Interrupted
 from ..writers import make_writer
 from .commit import ShardCommitter
+from .context import RunContext
 from .decode_pool import DecodePool
 from .decode_worker import Preprocessors
-from .media_feed import CHUNK, MediaFeed, device_decoder
 from .encode_stage import EncodeStage
-from ..stopping import Interrupted
+from .media_feed import CHUNK, MediaFeed, device_decoder
 from .texts import TextFeed
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .pipeline import EncodeRun
-    from ..encoders.base import Encoder
 
 
 class Stages:
     """The decode -> batch -> encode -> write machinery of one run, built on first use."""
 
-    def __init__(self, run: "EncodeRun") -> None:
+    def __init__(self, run: RunContext) -> None:
         self.run, self.cfg = run, run.cfg
         self.stage: EncodeStage | None = None
         self.texts: TextFeed | None = None
@@ -38,7 +35,6 @@ class Stages:
         encoder = run.load_encoder()
         keep = tuple(cfg.manifest.keep)
         writer = make_writer(cfg.writer.format, run.facts, run.facts["out_dtype"], keep)
-        assert run.failures is not None and run.output is not None
         committer = ShardCommitter(run.output, writer, cfg.writer.shard_size, keep, after_commit=run.failures.sync)
         self.stage = EncodeStage(encoder, cfg.batch.batch_size, cfg.batch.grow_after, bool(run.facts.get("normalize")),
                                  run.counters, run.failures, committer, run.events, run.progress)
@@ -62,7 +58,6 @@ class Stages:
             make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731
                                            stop=self.run.stop, slots=in_flight + CHUNK + batch.batch_size,
                                            idle=stage.flush)
-            assert self.run.failures is not None
             asked = set(self.run.modalities)
             sizes = {"image": batch.batch_size, "audio": batch.batch_size, "video": max(1, batch.batch_size // frames)}
             # a worker holds its chunk whole, and so does the chunk's pickled copy on its way there:
@@ -73,7 +68,7 @@ class Stages:
                                    max_bytes=batch.max_inflight_bytes, chunk_bytes=chunk_bytes)
         return self.media
 
-    def _preprocessors(self, encoder: "Encoder", frames: int) -> Preprocessors:
+    def _preprocessors(self, encoder: Encoder, frames: int) -> Preprocessors:
         """The workers' preprocessing, only for what this run encodes (a VL model's video processor
         imports torch in every worker); under `--decode fast` (and for what `--decode gpu` leaves
         to the CPU) the image preprocessor's fast variant."""
@@ -98,7 +93,6 @@ class Stages:
             return
         text = item.row.text or ""
         if not text.strip():
-            assert self.run.failures is not None
             self.run.failures.record(MMError("text is empty after stripping whitespace", stage="validate",
                                              reason="text.empty"), item.row, "text")
             return

@@ -48,7 +48,7 @@ def option(default: Any = MISSING, *, fingerprint: bool, factory: Callable[[], A
 @dataclass(frozen=True)
 class ManifestConfig:
     """Which keys hold the id, image, text, audio and video (None: the input format's own,
-    `readers.validate.keys_for`), which fields to keep, how many rows."""
+    `readers.registry.Format.keys`), which fields to keep, how many rows."""
 
     id_key: str | None = option(None, fingerprint=False)
     image_key: str | None = option(None, fingerprint=False)

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
 from . import files
-from .batches import checked_records, checked_row, lost_rows, read_errors
+from .batches import checked_records, find_row, lost_rows, read_errors
 from .lines import Raw
 from .missing import MISSING
 from .registry import SPREAD, Format, Part, Planned, Source, register
@@ -113,18 +113,14 @@ def arrow_records(path: str, keys: Keys, pick: tuple[int, int] | None) -> Iterat
 
 def arrow_record(path: str, offset: int) -> dict[str, Any]:
     """Row `offset` of an Arrow file with all its columns (for `mmenc errors retry`)."""
-    row = 0
     try:
         with files.open_binary(path) as fh:
-            for batch in _batches(fh):
-                if offset < row + batch.num_rows:
-                    return checked_row(batch, offset - row, path, offset)
-                row += batch.num_rows
-    except ManifestError:
-        raise
-    except read_errors() as exc:
-        raise ManifestError(f"{path} cannot be read from row {row} on: {exc}") from None
-    raise ManifestError(f"row {offset} is past the end of {path} ({row} rows)")
+            found = find_row(_batches(fh), offset, path)
+    except read_errors() as exc:  # the file cannot be opened as Arrow at all
+        raise ManifestError(f"{path} cannot be read: {exc}") from None
+    if found is None:
+        raise ManifestError(f"row {offset} is past the end of {path}")
+    return found
 
 
 class Arrow(Format):

@@ -63,6 +63,22 @@ def checked_row(batch: Any, k: int, path: str, offset: int) -> dict[str, Any]:
     return record
 
 
+def find_row(batches: Iterator[Any], offset: int, path: str, first: int = 0) -> dict[str, Any] | None:
+    """Row `offset` of a file whose record batches, from row `first` on, are `batches`, checked
+    (`checked_row`); None when they end before it. ManifestError when a batch cannot be read."""
+    row = first
+    try:
+        for batch in batches:
+            if offset < row + batch.num_rows:
+                return checked_row(batch, offset - row, path, offset)
+            row += batch.num_rows
+    except ManifestError:
+        raise
+    except read_errors() as exc:
+        raise ManifestError(f"{path} cannot be read from row {row} on: {exc}") from None
+    return None
+
+
 def _row_by_row(batch: Any, path: str, first: int) -> Iterator[Raw]:
     """Each row of a batch whose structure is sound, a row with an unreadable cell as that row's error."""
     for k in range(batch.num_rows):

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
 from . import files
-from .batches import checked_records, checked_row, lost_rows, read_errors
+from .batches import checked_records, find_row, lost_rows, read_errors
 from .lines import Raw
 from .registry import RANGES, Format, Part, Source, register
 from .validate import Keys, check_columns
@@ -125,16 +125,10 @@ def parquet_record(path: str, offset: int) -> dict[str, Any]:
             if offset < row + meta.row_group(g).num_rows:
                 break
             row += meta.row_group(g).num_rows
-        try:
-            for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=[g]):
-                if offset < row + batch.num_rows:
-                    return checked_row(batch, offset - row, path, offset)
-                row += batch.num_rows
-        except ManifestError:
-            raise
-        except read_errors() as exc:
-            raise ManifestError(f"{path} cannot be read at row {offset}: {exc}") from None
-    raise ManifestError(f"row {offset} not found in {path}")  # metadata and data disagree
+        found = find_row(pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=[g]), offset, path, row)
+    if found is None:
+        raise ManifestError(f"row {offset} not found in {path}")  # metadata and data disagree
+    return found
 
 
 class Parquet(Format):

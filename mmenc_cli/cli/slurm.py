@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, List, Optional
 
@@ -57,6 +58,30 @@ def _check_encode_args(ctx: typer.Context, argv: list[str]) -> None:
         raise fail(f"encode options after --: {exc.format_message()}", ExitCode.USAGE) from None
 
 
+@dataclass(frozen=True)
+class SlurmParams:
+    """The `slurm` command's parameters, typed, by name (what `_options` reads; a renamed option
+    fails here, at import, not as a KeyError at run time)."""
+
+    manifests: list[str]
+    out: Path
+    tasks: int
+    model: str | None
+    partition: str | None
+    time_limit: str | None
+    gpus_per_task: int | None
+    cpus_per_task: int | None
+    mem: str | None
+    signal_before: int
+    requeue: bool
+    logs: Path | None
+    job_name: str | None
+    script: Path | None
+    do_submit: bool
+    sbatch_arg: list[str] | None
+    python: str | None
+
+
 def _job_name(out: Path) -> str:
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in out.name)[:40]
     return f"mmenc-{name}" if name else "mmenc"
@@ -105,9 +130,9 @@ def slurm(
     lists them) with `sbatch --array=1,3 SCRIPT`: every task resumes where it stopped.
     Exit codes: 0 ok, 2 usage error, 3 output not writable or sbatch missing or failing.
     """
+    o = SlurmParams(**{k: v for k, v in locals().items() if k != "ctx"})  # the parameters, and nothing else yet
     from ..slurm import build_sbatch_script, submit
 
-    o = dict(locals())
     with fatal_errors():
         opts = _options(ctx, o)
         text = build_sbatch_script(opts)
@@ -130,13 +155,13 @@ def slurm(
              f"follow with: mmenc status {shlex.quote(opts.out)}")
 
 
-def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
+def _options(ctx: typer.Context, o: SlurmParams) -> Any:
     """The `SlurmOptions` of the command's parameters `o`, paths made absolute, the encode
     options after `--` checked."""
     from ..readers.files import check_input, is_url
     from ..slurm import default_logs_dir
 
-    model = o["model"]
+    model = o.model
     if model is None:
         model = default_model()
         echo_err(f"mmenc: warning: no --model: the job uses the bundled DEMO model {model}")
@@ -146,19 +171,19 @@ def _options(ctx: typer.Context, o: dict[str, Any]) -> Any:
         from ..encoders.libraries import canonical_model
 
         model = canonical_model(model)
-    for m in o["manifests"]:
+    for m in o.manifests:
         check_input(m)
-    out_abs = Path(os.path.abspath(o["out"].expanduser()))
-    logs = o["logs"]
+    out_abs = Path(os.path.abspath(o.out.expanduser()))
+    logs = o.logs
     logs_dir = Path(os.path.abspath(logs.expanduser())) if logs else default_logs_dir(out_abs)
     encode_args = list(ctx.meta.get(_ENCODE_ARGS, []))
     opts = SlurmOptions(
-        manifests=tuple(m if is_url(m) else os.path.abspath(m) for m in o["manifests"]), out=str(out_abs), model=model,
-        tasks=o["tasks"],
-        python=o["python"] or sys.executable, logs=str(logs_dir), job_name=o["job_name"] or _job_name(out_abs),
-        partition=o["partition"], time=o["time_limit"], gpus_per_task=o["gpus_per_task"],
-        cpus_per_task=o["cpus_per_task"], mem=o["mem"], signal_before=o["signal_before"], requeue=o["requeue"],
-        sbatch_args=tuple(o["sbatch_arg"] or ()), encode_args=tuple(encode_args),
+        manifests=tuple(m if is_url(m) else os.path.abspath(m) for m in o.manifests), out=str(out_abs), model=model,
+        tasks=o.tasks,
+        python=o.python or sys.executable, logs=str(logs_dir), job_name=o.job_name or _job_name(out_abs),
+        partition=o.partition, time=o.time_limit, gpus_per_task=o.gpus_per_task,
+        cpus_per_task=o.cpus_per_task, mem=o.mem, signal_before=o.signal_before, requeue=o.requeue,
+        sbatch_args=tuple(o.sbatch_arg or ()), encode_args=tuple(encode_args),
         generated=timestamp())
     _check_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
                              "--task-count", str(opts.tasks), "--task-index", "0", *encode_args])

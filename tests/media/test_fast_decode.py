@@ -6,8 +6,6 @@ written before the mode existed resumes as `exact`."""
 
 from __future__ import annotations
 
-from mmenc_cli.run.decode_worker import Preprocessors
-
 import io
 import json
 import subprocess
@@ -24,7 +22,7 @@ from mmenc_cli.encoders.preprocess import PixelPreprocessor
 from mmenc_cli.errors import OutputError
 from mmenc_cli.media.decode import decode_image
 from mmenc_cli.output import OutDir
-from mmenc_cli.run.decode_worker import decode_one
+from mmenc_cli.run.decode_worker import Preprocessors, decode_one
 from mmenc_cli.run.pipeline import run_encode
 from tests.fakes import FakeEncoder, _vec, factory
 from tests.runs import embeddings, make_cfg
@@ -215,7 +213,7 @@ def test_the_workers_forkserver_starts_before_the_model_loads_where_images_may_c
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its torch import (for the fast resize) then overlaps the model's load; a text-only run on the
     CPU, exact mode and in-process decoding never start it."""
-    from mmenc_cli.run import pipeline
+    from mmenc_cli.run import admission
     from mmenc_cli.run.decode_pool import workers_start_early
 
     path = tmp_path / "a.jpg"
@@ -229,7 +227,7 @@ def test_the_workers_forkserver_starts_before_the_model_loads_where_images_may_c
     assert not workers_start_early(replace(images, media=replace(images.media, decode="exact")), "cpu")
     assert not workers_start_early(replace(images, batch=replace(images.batch, workers=0)), "cpu")
     events: list[str] = []
-    monkeypatch.setattr(pipeline, "start_forkserver", lambda torch: events.append(f"forkserver torch={torch}"))
+    monkeypatch.setattr(admission, "start_forkserver", lambda torch: events.append(f"forkserver torch={torch}"))
 
     def load(cfg: object, device: object = None) -> FakeEncoder:
         events.append("load")

@@ -74,7 +74,8 @@ class EncodeStage:
             self.counters.add(modality, "not_attempted", len(items))
             self._drop_pending()
             raise
-        metas = [None if modality == "text" else payload.meta for payload in payloads]  # grids of token outputs
+        # grids of token outputs; a text batch may be one `TokenizedTexts`, never walked text by text
+        metas = [None] * len(payloads) if modality == "text" else [payload.meta for payload in payloads]
         self.counters.add_seconds("encode", time.perf_counter() - t0)
         previous, self.pending = self.pending, (launched, items, metas)
         if previous is not None:

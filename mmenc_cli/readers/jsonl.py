@@ -13,9 +13,10 @@ from typing import Any, Iterator
 
 from ..config import ManifestConfig
 from ..errors import ManifestError, MMError
+from ..records import InvalidRow, ManifestRow
 from .lines import BOM, Raw, check_line_start, open_text, read_line, row_too_large, sync
 from .registry import RANGES, SPREAD, Format, Part, Source, register
-from .validate import kind
+from .validate import Keys, kind, to_row
 
 
 def decode_json(raw: bytes) -> tuple[dict[str, Any] | None, MMError | None]:
@@ -77,10 +78,42 @@ def jsonl_line(path: str, offset: int, limit: int) -> tuple[dict[str, Any] | Non
         return decode_json(raw)
 
 
+def text_row(path: str, line: int | None, offset: int, record: dict[str, Any], keys: Keys,
+             base_dir: str) -> ManifestRow | None:
+    """The row of a plain text record (an id that is a non-blank string, a text string that is
+    valid Unicode, no medium, no kept field), as `validate.to_row` makes it; None for any other
+    record, which `to_row` validates. A text manifest's rows are mostly these."""
+    row_id, text = record.get(keys.id), record.get(keys.text)
+    if type(row_id) is not str or type(text) is not str or keys.keep or not row_id.strip():
+        return None
+    if not (row_id.isascii() and text.isascii()) and not (_utf8(row_id) and _utf8(text)):
+        return None
+    if any(record.get(k) is not None for k in keys.image + keys.audio + keys.video):
+        return None
+    return ManifestRow(id=row_id, manifest=path, line=line, offset=offset, text=text, keep={}, base_dir=base_dir)
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: `to_row` says which key
+        return False
+    return True
+
+
 class Jsonl(Format):
     """`.jsonl`/`.ndjson`: read by byte ranges."""
 
     name, extensions, slicing = "jsonl", (".jsonl", ".ndjson"), RANGES
+
+    def row(self, path: str, line: int | None, offset: int, record: dict[str, Any] | None,
+            error: MMError | None, keys: Keys) -> ManifestRow | InvalidRow:
+        """One record validated into a row: plain text rows by `text_row`, the rest by `to_row`."""
+        base_dir = self.base_dir(path)
+        if error is None and record is not None and not self.keyed and (
+                row := text_row(path, line, offset, record, keys, base_dir)):
+            return row
+        return to_row(path, line, offset, record, error, keys, base_dir, self.key_of(record))
 
     def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Raw]:
         """The lines starting in the task's byte range."""

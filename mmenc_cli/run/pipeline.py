@@ -209,7 +209,7 @@ class EncodeRun:
                 elif (duplicate := self._duplicate(rec, seen, history, modalities)) is not None:
                     self._invalid(duplicate, history)
                 else:
-                    if id_hash(rec.manifest, rec.locator) in history.invalid:  # repaired since
+                    if len(history.invalid) and id_hash(rec.manifest, rec.locator) in history.invalid:  # repaired
                         self.failures.resolve_line(rec)  # type: ignore[union-attr]
                     self._request(rec, modalities, history, stages)
                 stages.pump()
@@ -247,7 +247,8 @@ class EncodeRun:
     def _request(self, rec: ManifestRow, modalities: tuple[str, ...], history: History, stages: "Stages") -> None:
         """Count one valid row's items and hand those not settled earlier to their feeds."""
         present = 0
-        row = released(rec)  # each item carries its own inline bytes, dropped once sent to decode
+        # each item carries its own inline bytes, dropped once sent to decode
+        row = rec if rec.image is None and rec.audio is None and rec.video is None else released(rec)
         if self.unasked_video and rec.video is not None:
             self.unasked_video = False  # said once
             log.warning("rows hold video clips, which this run does not encode: pass --modality %s,video "
@@ -258,9 +259,10 @@ class EncodeRun:
                 continue
             present += 1
             self.counters.add(modality, "requested")
-            if id_hash(rec.id, modality) in history.done:
+            # a first run has no history: nothing to hash
+            if len(history.done) and id_hash(rec.id, modality) in history.done:
                 self.counters.add(modality, "encoded_before")
-            elif id_hash(rec.id, modality, rec.manifest) in history.failed:
+            elif len(history.failed) and id_hash(rec.id, modality, rec.manifest) in history.failed:
                 self.counters.add(modality, "failed_before")
             else:
                 stages.add(Item(row, modality, source=rec.value(modality)))

@@ -4,9 +4,9 @@ Texts are collected in windows of `TEXT_WINDOW`; a window is tokenized once with
 encoder's `text_pretokenizer`) and sorted by token count, so each batch only pads (tokens computed
 / real tokens on the benchmark corpus, batches of 32: windows of 4096 1.036, 8192 1.024, 16384
 ~1.01; sentence-transformers' sort of all texts by characters 1.109). The texts of a window that
-do not fill a batch carry over to the next. On an accelerator the next window is tokenized on a
-background thread while the current one is encoded (`tokenize_ahead`), which holds one more window
-of texts in memory. Memory is bounded by the window size, however long the manifest.
+do not fill a batch carry over to the next. The next window is tokenized on a background thread
+while the current one is encoded (`tokenize_ahead`), which holds one more window of texts in
+memory. Memory is bounded by the window size, however long the manifest.
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ Payloads = list[Any] | TokenizedTexts
 
 def tokenize_ahead(device: str) -> bool:
     """Whether the next window of texts is tokenized on a background thread while the current
-    one is encoded: on an accelerator, whose forward leaves the CPU cores idle; not on the CPU,
-    where the forward's streams already keep every core busy. `MMENC_TOKENIZE_AHEAD=1|0` forces it."""
+    one is encoded: yes on every device. The tokenizer's batch calls leave the GIL, so they run
+    on the cores the loop's Python (reading rows, accounting) leaves free: on an accelerator all
+    but one; on the CPU those the forward's streams leave idle between batches, which with a small
+    model is most of them. `MMENC_TOKENIZE_AHEAD=0|1` forces it."""
     want = os.environ.get("MMENC_TOKENIZE_AHEAD", "").strip()
     if want in ("0", "1"):
         return want == "1"
-    return not str(device).startswith("cpu")
+    return True
 
 
 @dataclass(slots=True)

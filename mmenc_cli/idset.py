@@ -17,8 +17,14 @@ _BUFFER = 1 << 16
 
 def id_hash(*parts: str | None) -> int:
     """A stable 64-bit hash of one key (e.g. id, or id + modality); NUL-separated parts."""
-    data = "\x00".join("" if p is None else p for p in parts).encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    if len(parts) == 1 and parts[0] is not None:  # one id, a hash per row: no join
+        data = parts[0].encode("utf-8", "surrogatepass")
+    else:
+        data = "\x00".join("" if p is None else p for p in parts).encode("utf-8", "surrogatepass")
+    return int.from_bytes(_blake2b(data, digest_size=8).digest(), "little")
+
+
+_blake2b = hashlib.blake2b
 
 
 def _sorted_unique(a: np.ndarray) -> np.ndarray:

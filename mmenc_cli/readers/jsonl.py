@@ -7,7 +7,9 @@ offset of the line's first byte (uncompressed for `.gz`), what `mmenc errors ret
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import zlib
 from typing import Any, Iterator
 
@@ -22,7 +24,10 @@ from .validate import Keys, kind, to_row
 def decode_json(raw: bytes) -> tuple[dict[str, Any] | None, MMError | None]:
     """One JSONL line as a JSON object, or the read error."""
     try:
-        value = json.loads(raw)
+        # json.loads decodes bytes as UTF-8 unless their first bytes say UTF-16 or -32 (a BOM, or
+        # a NUL in the first two): decoded here the same way, without its detection per line
+        plain = raw[:1] not in _NOT_PLAIN and raw[1:2] != b"\x00"
+        value = json.loads(raw.decode("utf-8", "surrogatepass") if plain else raw)
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError; absurd nesting
         return None, MMError(f"invalid JSON: {exc}", stage="read", reason="manifest.invalid_json",
                              error=type(exc).__name__)
@@ -30,6 +35,9 @@ def decode_json(raw: bytes) -> tuple[dict[str, Any] | None, MMError | None]:
         return None, MMError(f"line is {kind(value)}, not a JSON object", stage="read",
                              reason="manifest.invalid_json")
     return value, None
+
+
+_NOT_PLAIN = (b"", b"\x00", b"\xef", b"\xfe", b"\xff")  # what json's encoding detection looks at
 
 
 def jsonl_records(path: str, a: int, b: int | None, limit: int,
@@ -88,9 +96,15 @@ def text_row(path: str, line: int | None, offset: int, record: dict[str, Any], k
         return None
     if not (row_id.isascii() and text.isascii()) and not (_utf8(row_id) and _utf8(text)):
         return None
-    if any(record.get(k) is not None for k in keys.image + keys.audio + keys.video):
-        return None
+    for k in _media_keys(keys):
+        if record.get(k) is not None:
+            return None
     return ManifestRow(id=row_id, manifest=path, line=line, offset=offset, text=text, keep={}, base_dir=base_dir)
+
+
+@functools.lru_cache(maxsize=16)
+def _media_keys(keys: Keys) -> tuple[str, ...]:
+    return keys.image + keys.audio + keys.video
 
 
 def _utf8(value: str) -> bool:
@@ -99,6 +113,11 @@ def _utf8(value: str) -> bool:
     except UnicodeEncodeError:  # a lone surrogate: `to_row` says which key
         return False
     return True
+
+
+@functools.lru_cache(maxsize=64)
+def _dirname(path: str) -> str:
+    return os.path.dirname(path)
 
 
 class Jsonl(Format):
@@ -114,6 +133,10 @@ class Jsonl(Format):
                 row := text_row(path, line, offset, record, keys, base_dir)):
             return row
         return to_row(path, line, offset, record, error, keys, base_dir, self.key_of(record))
+
+    def base_dir(self, path: str) -> str:
+        """The manifest's folder (asked once a row: remembered)."""
+        return _dirname(path)
 
     def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Raw]:
         """The lines starting in the task's byte range."""

@@ -104,3 +104,24 @@ def test_a_manifest_reads_the_same_with_and_without_the_fast_path(tmp_path: Path
                 assert a == b
     assert sum(isinstance(r, InvalidRow) and r.error.code == 413 for r in fast[1]) > 0
     assert sum(not isinstance(r, InvalidRow) for r in fast[1]) > 500
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"id": "a", "text": "b"}\n', b'{"id": "a", "text": "\\ud800"}', b'{"id": "\xc3\xa9"}', b'{"a": "\xff"}',
+    b"\xef\xbb\xbf{}", b"\xef{}", b'\xff\xfe{\x00}\x00', b'\xfe\xff\x00{\x00}', b'{\x00}\x00', b'\x00{\x00}',
+    b"{}", b"{", b"", b"[1]", b"7", b"\x00\x00\x00{", b"\x00", b'{"x": 1}\r\n', "{\"t\": \"🙂\"}".encode()])
+def test_decode_json_is_json_loads(raw: bytes) -> None:
+    """Lines decoded as UTF-8 without json's per-line encoding detection give what json.loads
+    gives on the bytes: the same object or the same error."""
+    try:
+        want: Any = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        want = (type(exc).__name__, str(exc))
+    record, error = jsonl.decode_json(raw)
+    if isinstance(want, tuple):
+        assert record is None and error is not None and error.message == f"invalid JSON: {want[1]}"
+        assert error.error == want[0]
+    elif isinstance(want, dict):
+        assert record == want and error is None
+    else:
+        assert record is None and error is not None and error.reason == "manifest.invalid_json"

@@ -96,17 +96,22 @@ class EncodeStage:
             raise
         finally:
             self.counters.add_seconds("encode", time.perf_counter() - t0)
-        for i, (item, meta, oc) in enumerate(zip(items, metas, outcomes)):
-            if oc.error is not None:
-                try:
-                    self.failures.record(oc.error, item.row, modality)
-                except OutputError:  # the report cannot be written: the rest waits for a re-run
-                    self.counters.add(modality, "not_attempted", len(items) - i - 1)
-                    raise
-                continue
-            self.counters.add(modality, "encoded")
-            self.counters.add(modality, "truncated", int(oc.truncated or item.cut))
-            self.committer.add(item.row, modality, oc.value, meta)
+        encoded = truncated = 0  # counted once a group, not once an item
+        try:
+            for i, (item, meta, oc) in enumerate(zip(items, metas, outcomes)):
+                if oc.error is not None:
+                    try:
+                        self.failures.record(oc.error, item.row, modality)
+                    except OutputError:  # the report cannot be written: the rest waits for a re-run
+                        self.counters.add(modality, "not_attempted", len(items) - i - 1)
+                        raise
+                    continue
+                encoded += 1
+                truncated += oc.truncated or item.cut
+                self.committer.add(item.row, modality, oc.value, meta)
+        finally:
+            self.counters.add(modality, "encoded", encoded)
+            self.counters.add(modality, "truncated", truncated)
         self.events += self.runner.stats.events
         self.runner.stats.events.clear()
         self.settle(self.committer.outcomes())

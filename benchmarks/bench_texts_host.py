@@ -18,6 +18,11 @@ Each is timed from its start to its end (interpreter start, imports and model lo
 the resident set size of its process tree is sampled every 50 ms. `--cpus` runs both under
 `taskset -c`. Printed: every run, the medians, the ratio plain/mmenc of the medians (> 1: mmenc is
 faster), texts/s, the peak RSS of each, and the cosine of the two sides' vectors on every id.
+
+    python benchmarks/bench_texts_host.py --gil-ceiling [--runs 3]
+
+times, in this process, mmenc's host work with the forward and tokenizing made free: the part
+that shares one GIL, which more cores do not speed up (`gil_ceiling`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+
+sys.path.insert(0, str(common.REPO))  # this checkout's mmenc_cli, for what runs in this process
 
 FREE_SHAPE = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 #: the real model's files both sides read: its tokenizer and how sentence-transformers assembles it
@@ -107,6 +114,47 @@ def plain(args: argparse.Namespace) -> None:
     pq.write_table(table, args.out)
 
 
+def gil_ceiling(model: Path, manifest: Path, n: int, out: Path, runs: int) -> None:
+    """mmenc's host work that no number of cores speeds up, in this process: the forward made
+    free (zeros of the model's width) and tokenizing made free (each window's tokens looked up
+    from the whole manifest tokenized before the run), so what is timed is reading, validating,
+    the row loop, sorting, padding, accounting and writing, which share one GIL."""
+    import numpy as np
+    import torch
+
+    from mmenc_cli.config import BatchConfig, ModelConfig, RunConfig, WriterConfig
+    from mmenc_cli.encoders import load_encoder
+    from mmenc_cli.encoders.base import EncodeOutput
+    from mmenc_cli.run.pipeline import run_encode
+
+    cfg = RunConfig(manifests=(str(manifest),), model=ModelConfig(model=str(model), device="cpu"),
+                    writer=WriterConfig(out=str(out)), batch=BatchConfig(batch_size=256), modalities=("text",),
+                    overwrite=True)
+    enc = load_encoder(cfg.model, device="cpu")
+    with open(manifest, encoding="utf-8") as fh:
+        texts = [json.loads(line)["text"] for line in fh]
+    tokens, where = enc.pretokenize(texts), {t: i for i, t in enumerate(texts)}
+
+    def looked_up(batch: list[str], tokenizer: object = None) -> object:
+        return tokens.take(np.fromiter((where[t] for t in batch), np.int64, len(batch)))
+
+    zeros = torch.zeros(256, enc.dim)
+
+    def encode(modality: str, payloads: object) -> EncodeOutput:
+        _, truncated = enc.tokenize(payloads)  # the padding stays timed
+        return EncodeOutput(zeros[:len(truncated)].clone(), truncated)
+
+    enc.pretokenize, enc.text_pretokenizer, enc.encode = looked_up, lambda other_thread: looked_up, encode
+    rates = []
+    for run in range(runs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        run_encode(cfg, encoder_factory=lambda c, device=None: enc)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        rates.append(n / wall)
+        print(f"  run {run + 1}: {wall:.2f} s, {cpu:.2f} s CPU, {n / wall:.0f} texts/s", flush=True)
+    print(f"GIL-bound host work alone: median {common.median(rates):.0f} texts/s (forward and tokenizing free)")
+
+
 def cosines(mmenc_out: Path, plain_out: Path, n: int) -> str:
     """The two sides' vectors on every id: the minimum cosine, and whether the ids are the same."""
     import numpy as np
@@ -134,6 +182,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--cpus", default=None, help="run both under `taskset -c CPUS` (e.g. 0 or 0,1)")
+    ap.add_argument("--gil-ceiling", action="store_true",
+                    help="instead: mmenc's host work with the forward and tokenizing made free, in this process")
     ap.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     common.child_args(ap)
     args = ap.parse_args()
@@ -144,6 +194,9 @@ def main() -> None:
     work = common.CACHE / "work-texts-host"
     model = make_free_model(common.CACHE / "models")
     manifest = make_manifest(work, args.texts, real_model() / "vocab.txt")
+    if args.gil_ceiling:
+        print(f"model: {model}; {args.texts} texts; batch size {args.batch_size}", flush=True)
+        return gil_ceiling(model, manifest, args.texts, work / "gil-out", args.runs)
     pin = ["taskset", "-c", args.cpus] if args.cpus else []
     print(f"model: {model} (BERT {FREE_SHAPE}, all-MiniLM-L6-v2's tokenizer); {args.texts} texts of 3-60 words; "
           f"batch size {args.batch_size}; CPUs: {args.cpus or 'all'}", flush=True)

@@ -14,7 +14,7 @@ import typer
 
 from ..config import (DEFAULT_DECODE, DEFAULT_FRAMES, MAX_FPS_FRAMES, BatchConfig, ManifestConfig, MediaConfig,
                       ModelConfig, RunConfig, WriterConfig)
-from ..errors import ExitCode
+from ..errors import ConfigError, ExitCode
 from ..stopping import request_stop
 from .exits import fail, fatal_errors
 from .options import DeviceOpt, ModelOpt, OutOpt, SingleWriterOpt, StorageOpt, TaskCountOpt, TaskIndexOpt
@@ -39,16 +39,36 @@ def default_model() -> str:
 
 
 def task_from_env(index: int | None, count: int | None) -> tuple[int, int]:
-    """Task index and count from the options, else from Slurm's array variables, else (0, 1)."""
+    """Task index and count: the options; else Slurm's array variables; else a Kubernetes Indexed
+    Job's `JOB_COMPLETION_INDEX` with the count from `MMENC_TASK_COUNT`; else (0, 1). An index from
+    the environment without a count, or `MMENC_TASK_COUNT` without any index, is a usage error: every
+    pod would encode the same slice, or all of the input."""
     env = os.environ
-    if count is None:
-        count = int(env["SLURM_ARRAY_TASK_COUNT"]) if env.get("SLURM_ARRAY_TASK_COUNT") else 1
-    if index is None:
-        if env.get("SLURM_ARRAY_TASK_ID"):
-            index = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN") or 0)
-        else:
-            index = 0
-    return index, count
+    counted_by = None if count is not None else next(
+        (name for name in ("SLURM_ARRAY_TASK_COUNT", "MMENC_TASK_COUNT") if env.get(name)), None)
+    if counted_by:
+        count = _env_int(counted_by)
+    if index is None and env.get("SLURM_ARRAY_TASK_ID"):
+        index = _env_int("SLURM_ARRAY_TASK_ID") - (_env_int("SLURM_ARRAY_TASK_MIN") if env.get("SLURM_ARRAY_TASK_MIN")
+                                                   else 0)
+    elif index is None and env.get("JOB_COMPLETION_INDEX"):
+        index = _env_int("JOB_COMPLETION_INDEX")
+        if count is None:
+            raise ConfigError(f"JOB_COMPLETION_INDEX={index} (a Kubernetes Indexed Job) but no task count: set "
+                              "MMENC_TASK_COUNT to the Job's completions, or pass --task-count")
+    elif index is None and counted_by == "MMENC_TASK_COUNT":
+        raise ConfigError(f"MMENC_TASK_COUNT={count} but no task index: run it as a Kubernetes Indexed Job "
+                          "(JOB_COMPLETION_INDEX) or pass --task-index")
+    return (0 if index is None else index), (1 if count is None else count)
+
+
+def _env_int(name: str) -> int:
+    """A whole number from the environment variable `name` (a usage error otherwise)."""
+    value = os.environ[name].strip()
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a whole number") from None
 
 
 class Signals:
@@ -141,12 +161,12 @@ class EncodeOptions:
     verbose: bool
 
 
-def build_config(o: EncodeOptions) -> RunConfig:
-    """The `RunConfig` of the encode options `o` (the task from Slurm's variables where not given)."""
-    from ..errors import ConfigError
+def build_config(o: EncodeOptions, check_inputs: bool = True) -> RunConfig:
+    """The `RunConfig` of the encode options `o` (the task from the environment where not given);
+    `check_inputs=False` where the inputs are checked elsewhere (`mmenc ray`: on a worker)."""
     from ..readers.files import check_input
 
-    for m in o.manifests:
+    for m in o.manifests if check_inputs else ():
         check_input(m)
     if o.progress not in ("auto", "bar", "log", "none"):
         raise ConfigError("--progress must be auto, bar, log or none")

@@ -25,9 +25,11 @@ SingleWriterOpt = Annotated[bool, typer.Option(
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N, mps; a comma list (cuda:0,cuda:1) "
                                              "runs one worker process per device.")]
 TaskIndexOpt = Annotated[Optional[int], typer.Option(
-    help="This task's index (default: SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, else 0).")]
+    help="This task's index (default: SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, else a Kubernetes "
+    "Indexed Job's JOB_COMPLETION_INDEX, else 0).")]
 TaskCountOpt = Annotated[Optional[int], typer.Option(
-    help="Number of tasks the input is split into (default: SLURM_ARRAY_TASK_COUNT, else 1).")]
+    help="Number of tasks the input is split into (default: SLURM_ARRAY_TASK_COUNT, else MMENC_TASK_COUNT, "
+    "else 1).")]
 
 
 def parse_storage_options(given: list[str] | None) -> tuple[tuple[str, str], ...]:

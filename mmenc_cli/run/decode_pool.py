@@ -53,7 +53,7 @@ def start_forkserver(torch: bool) -> None:
     imports (a second or two for torch) cost no time; a forkserver already running stays as it is."""
     import multiprocessing.forkserver
 
-    preload = ["mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"]
+    preload = ["mmenc_cli.lifeline_preload", "mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"]
     mp.get_context("forkserver").set_forkserver_preload(preload + (["torch"] if torch else []))
     multiprocessing.forkserver.ensure_running()
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..config import RunConfig
 from ..errors import RunError
+from ..lifeline import inherit
 from ..output.task import TaskRequest, open_task
 from .counters import Counters, RunResult, threshold_exceeded
 from .metadata import task_record
@@ -29,6 +30,7 @@ def device_worker(run_cls: Any, cfg: RunConfig, worker: int, worker_count: int, 
     """Entry point of one device's process: encode its share of the task's slice."""
     import signal
 
+    inherit(parent)  # under an engine that kills the encode process, no orphan goes on committing
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

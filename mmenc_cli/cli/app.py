@@ -5,6 +5,7 @@
     mmenc errors summary|list|retry OUT    errors.py
     mmenc export vllm OUT DEST  export.py
     mmenc slurm ...             slurm.py
+    mmenc ray ...               ray.py (Ray itself imported only when it runs)
     mmenc status OUT            status.py
 
 Importing the app is cheap (`mmenc --help` < 0.5 s): each command imports the core it calls when
@@ -17,7 +18,7 @@ import sys
 
 import typer
 
-from . import encode, errors, export, inspect, slurm, status
+from . import encode, errors, export, inspect, ray, slurm, status
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,  # option help holds [default: ...] and mmenc[gpu]: not markup
@@ -27,6 +28,7 @@ app.command("inspect")(inspect.inspect)
 app.add_typer(errors.errors_app, name="errors")
 app.add_typer(export.export_app, name="export")
 slurm.register(app)
+ray.register(app)
 app.command("status")(status.status)
 
 

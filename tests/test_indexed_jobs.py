@@ -122,3 +122,39 @@ def status_of(out: str, endpoint: str) -> dict[str, Any]:
                           env={**os.environ, "PYTHONPATH": str(ROOT), **store_env(endpoint)}, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)
+
+
+def documented_job(tmp_path: Path) -> dict[str, Any]:
+    """The Indexed Job of docs/cloud.md, as `kubectl apply` would receive it from the documented
+    commands (run by bash, with `kubectl` and `mmenc` standing in)."""
+    import re
+
+    import yaml
+
+    text = (ROOT / "docs" / "cloud.md").read_text().split("## Kubernetes Indexed Jobs", 1)[1]
+    script = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "kind: Job" in b)
+    stubs = f'kubectl() {{ cat > {tmp_path / "job.yaml"}; }}\nmmenc() {{ :; }}\n'
+    subprocess.run(["bash", "-euc", stubs + script], check=True, timeout=30)
+    return yaml.safe_load((tmp_path / "job.yaml").read_text())
+
+
+def test_the_documented_indexed_job_is_consistent(tmp_path: Path) -> None:
+    job = documented_job(tmp_path)
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert job["kind"] == "Job" and spec["completionMode"] == "Indexed"
+    assert int(env["MMENC_TASK_COUNT"]) == spec["completions"]  # one value
+    assert container["command"][:2] == ["mmenc", "encode"] and "--task-index" not in container["command"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] >= 60
+    rules = spec["podFailurePolicy"]["rules"]
+    by_action = {r["action"]: r["onExitCodes"]["values"] for r in rules if "onExitCodes" in r}
+    assert by_action == {"FailIndex": [2, 3, 4], "Count": [75, 137, 143]}
+    assert spec["backoffLimitPerIndex"] >= 1  # what FailIndex needs
+    for rule in rules:
+        codes = rule.get("onExitCodes")
+        if codes:
+            assert codes["containerName"] == container["name"] and codes["operator"] == "In"
+            assert codes["values"] == sorted(set(codes["values"])) and 0 not in codes["values"]
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}

@@ -143,7 +143,7 @@ def _status_lines(job: "JobResult") -> list[str]:
     """What `mmenc status OUT` says after the job, in a few lines."""
     s = job.status
     if s is None:
-        return [f"  mmenc status: not read ({job.status_error})"]
+        return ["  mmenc status: not read" + (f" ({job.status_error})" if job.status_error else "")]
     if s.ok:
         return [f"  mmenc status: all {plural(s.task_count, 'task')} done, no duplicates"]
     lines = []

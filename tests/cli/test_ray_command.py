@@ -3,10 +3,12 @@ Ray itself missing (exit 3, naming the extra), and its help, which never imports
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -68,3 +70,68 @@ def test_the_help_names_the_job_s_exit_codes() -> None:
     assert res.exit_code == 0
     for words in ("--address", "--gpus-per-task", "--cpus-per-task", "--max-retries", "137"):
         assert words in res.output, words
+
+
+class FakeDriver:
+    """Stands in for the Ray driver: keeps the job's spec, hands back the job it is given."""
+
+    def __init__(self, code: int = 0) -> None:
+        self.spec: Any = None
+        self.code = code
+
+    def __call__(self, spec: Any, display: Any, stop: Any, signum: Any) -> Any:
+        from mmenc_cli.engines.job import JobResult, TaskOutcome, merge_results
+
+        self.spec = spec
+        state = "done" if self.code == 0 else "lost"
+        tasks = [TaskOutcome(task=t, code=self.code if t == 1 else 0, state=state if t == 1 else "done")
+                 for t in range(spec.tasks)]
+        return JobResult(tasks=tasks, result=merge_results(spec, tasks, 1.0), code=self.code,
+                         reason=None if self.code == 0 else "task 1 lost: its worker died")
+
+
+@pytest.fixture
+def driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    fake = FakeDriver()
+    monkeypatch.setattr("mmenc_cli.cli.ray._driver", lambda: fake)
+    return fake
+
+
+@pytest.mark.parametrize("args,gpus", [
+    ([], 0.0),
+    (["--", "--device", "cuda"], 1.0),
+    (["--", "--device", "cuda:0,cuda:1"], 2.0),
+    (["--gpus-per-task", "0.5", "--", "--device", "cuda"], 0.5),
+    (["--", "--device", "auto"], 0.0),
+], ids=["cpu", "cuda", "two-devices", "given", "auto"])
+def test_a_task_asks_for_a_gpu_where_the_encode_options_ask_for_cuda(manifest: Path, tmp_path: Path,
+                                                                      driver: FakeDriver, args: list[str],
+                                                                      gpus: float) -> None:
+    res = ray(manifest, tmp_path / "out", *args)
+    assert res.exit_code == 0, res.output
+    assert driver.spec.gpus_per_task == gpus
+
+
+def test_the_job_s_spec_from_the_command_line(manifest: Path, tmp_path: Path, driver: FakeDriver,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    res = ray(Path(manifest.name), Path("out"), "--cpus-per-task", "4", "--max-retries", "5", "--address",
+              "10.0.0.1:6379", "--", "--max-errors", "7", "--batch-size", "16")
+    assert res.exit_code == 0, res.output
+    spec = driver.spec
+    assert spec.cfg.manifests == (str(manifest),) and spec.cfg.writer.out == str(tmp_path / "out")
+    assert (spec.tasks, spec.cpus_per_task, spec.max_retries, spec.address) == (3, 4, 5, "10.0.0.1:6379")
+    assert spec.cfg.batch.workers == 3 and spec.cfg.batch.batch_size == 16  # a task's decode workers: its CPUs less one
+    assert spec.cfg.max_errors == 7 and spec.task_config(2).max_errors is None
+    assert ray(manifest, tmp_path / "out", "--cpus-per-task", "4", "--", "--workers", "1").exit_code == 0
+    assert driver.spec.cfg.batch.workers == 1
+
+
+def test_the_driver_exits_with_the_job_s_code_and_prints_its_json(manifest: Path, tmp_path: Path,
+                                                                  driver: FakeDriver) -> None:
+    driver.code = 137
+    res = ray(manifest, tmp_path / "out", "--", "--json")
+    assert res.exit_code == 137
+    job = json.loads(res.stdout)
+    assert job["exit_code"] == 137 and [t["state"] for t in job["tasks"]] == ["done", "lost", "done"]
+    assert "exit 137: task 1 lost: its worker died" in res.stderr and "mmenc status: not read" in res.stderr

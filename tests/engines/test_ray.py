@@ -1,8 +1,9 @@
 """`mmenc ray` on a real Ray cluster (tests/ray_cluster.py): a 3-task job into the local S3 server
 whose running `ray::mmenc_task` worker is SIGKILLed mid-run equals a clean local run, the killed
 task resumed by Ray's retry exactly once; error thresholds apply to the job across tasks and every
-failed item is reported once; a stopped driver cancels its tasks and the same command resumes;
-a model or an input that does not resolve on the workers is a clear error before any task runs."""
+failed item is reported once; a stopped driver cancels its tasks and the same command resumes; a
+task whose slice a live runner holds waits for it; a model or an input that does not resolve on
+the workers is a clear error before any task runs."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 
 from mmenc_cli.output import OutDir, parse_shard_name, read_json
 from mmenc_cli.output.embeddings import read_embeddings
+from mmenc_cli.output.locks import TaskLock
 from tests.ray_cluster import ray_address, ray_env, require_ray
 from tests.s3server import bucket, s3_server, store_env  # noqa: F401
 
@@ -172,6 +174,34 @@ def test_a_stopped_driver_cancels_its_tasks_and_the_same_command_resumes(tmp_pat
     assert json.loads(again.stdout)["status"]["all_done"]
     local_run(manifest, tmp_path / "clean")
     assert_same(str(out), tmp_path / "clean")
+
+
+def test_a_task_whose_slice_a_live_runner_holds_waits_for_it_then_resumes(tmp_path: Path) -> None:
+    manifest = texts(tmp_path / "m.jsonl", 300)
+    out = tmp_path / "out"
+    od = OutDir(out)
+    od.prepare()
+    lock = TaskLock(od.lock_path(1))
+    lock.acquire()  # another runner of task 1, alive (this process)
+    try:
+        driver = ray_job(manifest, str(out), background=True)
+        deadline = time.monotonic() + 180
+        while not all(state_of(od, t) == "done" for t in (0, 2)):
+            assert driver.poll() is None and time.monotonic() < deadline, "tasks 0 and 2 did not finish"
+            time.sleep(0.1)
+        assert driver.poll() is None and not [s for s in od.shards() if s.name.startswith("part-t00001-")]
+    finally:
+        lock.release()
+    stdout, stderr = driver.communicate(timeout=300)
+    assert driver.returncode == 0, stderr
+    assert [t["state"] for t in json.loads(stdout)["tasks"]] == ["done"] * 3
+    local_run(manifest, tmp_path / "clean")
+    assert_same(str(out), tmp_path / "clean")
+
+
+def state_of(od: OutDir, task: int) -> str | None:
+    meta = read_json(od.task_meta_path(task)) if od.task_meta_path(task).exists() else None
+    return meta.get("state") if isinstance(meta, dict) else None
 
 
 @pytest.mark.parametrize("what", ["input", "model"])

@@ -56,3 +56,37 @@ def test_without_the_request_a_child_lives_on() -> None:
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
     finally:
         child.kill()
+
+
+POOL = """
+import ctypes, multiprocessing as mp, os, sys
+from concurrent.futures import ProcessPoolExecutor
+
+def armed(_):
+    sig = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    return sig.value
+
+if __name__ == "__main__":
+    from mmenc_cli import lifeline
+    from mmenc_cli.config import MediaConfig
+    from mmenc_cli.run.decode_pool import start_forkserver
+    from mmenc_cli.run.decode_worker import Preprocessors, init_worker
+    if sys.argv[1] == "require":
+        lifeline.require()
+    start_forkserver(torch=False)
+    with ProcessPoolExecutor(2, mp_context=mp.get_context("forkserver"), initializer=init_worker,
+                             initargs=(Preprocessors(), MediaConfig(), os.getpid(), None, None)) as ex:
+        print(sorted(set(ex.map(armed, range(8)))))
+"""
+
+
+@pytest.mark.parametrize("mode,signals", [("require", "[9]"), ("plain", "[0]")])
+def test_decode_workers_are_tied_to_their_forkserver_only_when_asked(tmp_path: Path, mode: str, signals: str) -> None:
+    script = tmp_path / "pool.py"
+    script.write_text(POOL)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MMENC_DIE_WITH_PARENT", None)
+    done = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == signals  # SIGKILL when the forkserver (tied to the encode process) dies

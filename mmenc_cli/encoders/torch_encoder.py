@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..errors import ModelLoadError, first_line
-from .base import AudioPreprocessor, EncodeOutput, Encoder, ImageInput, ImagePreprocessor
+from .base import AudioPreprocessor, DeviceDecoder, EncodeOutput, Encoder, ImageInput, ImagePreprocessor
 from .cpu import make_forward
 from .clip_batches import collate_audio, mean_of_frames
 from .device import stack_to_device, to_device
@@ -135,7 +135,7 @@ class TorchEncoder(Encoder):
             raise ValueError(f"{self.info['model']}: this model does not encode audio")
         return self._audio
 
-    def image_device_decoder(self) -> Any:
+    def image_device_decoder(self) -> "DeviceDecoder | None":
         """`--decode gpu` for the uint8 resize-and-crop path (CLIP, SigLIP, ViT, OpenCLIP, timm);
         None for a processor that runs whole in the workers."""
         from .device_decode import DeviceJpegDecoder

@@ -57,7 +57,7 @@ class Stages:
             pre = self._preprocessors(encoder, frames)
             make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731
                                            stop=self.run.stop, slots=in_flight + CHUNK + batch.batch_size,
-                                           idle=stage.flush)
+                                           idle=self._idle)
             asked = set(self.run.modalities)
             sizes = {"image": batch.batch_size, "audio": batch.batch_size, "video": max(1, batch.batch_size // frames)}
             # a worker holds its chunk whole, and so does the chunk's pickled copy on its way there:
@@ -67,6 +67,14 @@ class Stages:
                                    stage, device_decode=device_decoder(self.cfg, encoder) if "image" in asked else None,
                                    max_bytes=batch.max_inflight_bytes, chunk_bytes=chunk_bytes)
         return self.media
+
+    def _idle(self) -> None:
+        """Before the loop waits for its decode workers: launch what the device has decoded, then
+        account for the group in flight."""
+        if self.media is not None:
+            self.media.idle()
+        if self.stage is not None:
+            self.stage.flush()
 
     def _preprocessors(self, encoder: Encoder, frames: int) -> Preprocessors:
         """The workers' preprocessing, only for what this run encodes (a VL model's video processor

@@ -219,10 +219,10 @@ class Encoder(ABC):
         preprocessing cannot run on the device."""
         return None
 
-    def default_batch_size(self) -> int | None:
-        """The batch size to use when `--batch-size` is not given, chosen for this model on its
-        device (on CUDA from a short probe of forwards, run on first call); None: no choice of its
-        own (the CPU default holds)."""
+    def default_batch_size(self, modalities: Sequence[str]) -> int | None:
+        """The batch size for a run of `modalities` when `--batch-size` is not given, chosen for
+        this model on its device (on CUDA by a short probe of forwards); None: no choice of its own
+        (`config.DEFAULT_BATCH_SIZE` holds)."""
         return None
 
     def forward_summary(self) -> dict[str, Any] | None:

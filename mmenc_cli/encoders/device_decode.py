@@ -53,6 +53,10 @@ _INTERPOLATION = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 STICKY_CUDA_STATUS = frozenset({214, 700, 702, 710, 714, 715, 716, 717, 718, 719})
 _CUDA_STATUS = re.compile(r"cuda stream: (\d+)", re.IGNORECASE)
 
+#: the most pixels resized in one call: the resize works in float32, so a group of huge images is
+#: cut (64 Mpx: about 0.8 GB of float32 in and out) instead of running out of memory as a whole
+GROUP_PIXELS = 2**26
+
 
 def jpeg_decoder() -> Callable[..., Any]:
     """`decode(list_of_uint8_tensors, device)` -> list of CHW uint8 RGB tensors; ModelLoadError
@@ -157,25 +161,31 @@ class DeviceJpegDecoder(DeviceDecoder):
 
     def _preprocess_all(self, images: list["torch.Tensor | None"]) -> tuple[list["torch.Tensor | None"],
                                                                              list["torch.Tensor"]]:
-        """Each image resized and cropped (None where it failed), resized in one call per size;
-        and the tensors that hold the results (each result is a view of one of them)."""
+        """Each image resized and cropped (None where it failed), resized in one call per size (at
+        most `GROUP_PIXELS` a call); and the tensors that hold the results (each a view of one)."""
         out: list[torch.Tensor | None] = [None] * len(images)
         bases: list[torch.Tensor] = []
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, image in enumerate(images):
             if image is not None:
                 groups.setdefault(tuple(image.shape), []).append(i)
-        for members in groups.values():
-            # the group in one call; after a failure, image by image
-            for part in [members] if len(members) == 1 else [members, *([i] for i in members)]:
-                batch = self._preprocessed([images[i] for i in part])  # type: ignore[misc]
-                if batch is not None:
-                    bases.append(batch)
-                    for k, i in enumerate(part):
-                        out[i] = batch[k]
-                    if part is members:
-                        break
+        for shape, same in groups.items():
+            step = max(1, GROUP_PIXELS // (shape[-1] * shape[-2]))
+            for members in (same[k:k + step] for k in range(0, len(same), step)):
+                self._preprocess_group(images, members, out, bases)
         return out, bases
+
+    def _preprocess_group(self, images: list[Any], members: list[int], out: list[Any], bases: list[Any]) -> None:
+        """Resize and crop `members` (same-sized) into `out`; the group in one call, after a failure
+        image by image."""
+        for part in [members] if len(members) == 1 else [members, *([i] for i in members)]:
+            batch = self._preprocessed([images[i] for i in part])
+            if batch is not None:
+                bases.append(batch)
+                for k, i in enumerate(part):
+                    out[i] = batch[k]
+                if part is members:
+                    break
 
     def _preprocessed(self, images: list["torch.Tensor"]) -> "torch.Tensor | None":
         """Same-sized images resized and cropped as one [n, 3, h, w] batch; None when that fails

@@ -2,7 +2,7 @@
 
 * the next batch's JPEGs decode (on the decoder's own thread) while the current batch's forward
   is launched, not before it on the encode thread;
-* images of one size are resized in one call, not one by one;
+* images of one size are resized in one call, not one by one (huge ones in a few);
 * refused JPEGs go back to the workers in small chunks that several workers share;
 * a failed batched decode is bisected (only the refused image goes back), and an nvJPEG error that
   is a sticky device fault (by torch's words, by nvJPEG's CUDA status number, or found by
@@ -100,6 +100,18 @@ def test_images_of_one_size_are_resized_in_one_call(monkeypatch: pytest.MonkeyPa
     one_by_one = [DeviceJpegDecoder(PREP, "cpu")([p])[0] for p in jpegs(sizes)]
     for batched, alone in zip(out, one_by_one):  # the batch's pixels are each image's own
         assert torch.equal(batched.pixels, alone.pixels)
+
+
+def test_a_group_of_huge_images_is_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resize works in float32: at most `GROUP_PIXELS` go into one call."""
+    monkeypatch.setattr("mmenc_cli.encoders.device_decode.GROUP_PIXELS", 2 * 64 * 48)
+    decoder = DeviceJpegDecoder(PREP, "cpu")
+    real = decoder.preprocess
+    calls: list[int] = []
+    monkeypatch.setattr(decoder, "preprocess", lambda images: calls.append(len(images)) or real(images))
+    out = decoder(jpegs([(64, 48)] * 5))
+    decoder.close()
+    assert calls == [2, 2, 1] and all(o is not None for o in out)
 
 
 def test_refused_jpegs_are_shared_by_the_workers() -> None:

@@ -236,6 +236,15 @@ class WriterConfig:
     #: None: float32 for pooled vectors, float16 for token embeddings
     out_dtype: str | None = option(None, fingerprint=True)
     shard_size: int = option(10_000, fingerprint=False)
+    #: fsspec options of an object-store OUT, as (key, value) pairs: never recorded (they may be secrets)
+    storage_options: tuple[tuple[str, str], ...] = option((), fingerprint=False)
+    #: the scheduler never runs one task twice at once: a store without exclusive create may hold OUT
+    single_writer: bool = option(False, fingerprint=False)
+
+    @property
+    def store_options(self) -> dict[str, str]:
+        """`storage_options` as fsspec takes them."""
+        return dict(self.storage_options)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -295,6 +304,7 @@ class RunConfig:
         """A JSON-ready copy for the run metadata."""
         out = asdict(self)
         del out["media"]["limit_option"]  # a loader's detail, not an option
+        out["writer"]["storage_options"] = sorted({k for k, _ in self.writer.storage_options})  # names, no values
         return out
 
 

@@ -332,3 +332,11 @@ class LockBusy(RunError):
 
 class LockWaitInterrupted(Exception):
     """A stop signal arrived while waiting for a task lock (--wait-lock); the run ends interrupted."""
+
+
+def client_reason(exc: BaseException) -> str:
+    """What an object-store client's own error means (one that is not an `OSError`: botocore's and
+    the like): missing or refused credentials are the store refusing us (403); anything else, an
+    endpoint that cannot be reached or a client fault, is the store unavailable for now (503)."""
+    name = type(exc).__name__
+    return "media.permission_denied" if "Credential" in name or "Signature" in name else "remote.unavailable"

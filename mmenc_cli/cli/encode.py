@@ -17,7 +17,8 @@ from ..config import (DEFAULT_DECODE, DEFAULT_FRAMES, MAX_FPS_FRAMES, BatchConfi
 from ..errors import ExitCode
 from ..stopping import request_stop
 from .exits import fail, fatal_errors
-from .options import DeviceOpt, ModelOpt, OutOpt, TaskCountOpt, TaskIndexOpt
+from .options import DeviceOpt, ModelOpt, OutOpt, SingleWriterOpt, StorageOpt, TaskCountOpt, TaskIndexOpt
+from .options import parse_storage_options
 from .render import Progress, echo_err, setup_logging, summary_lines
 
 log = logging.getLogger("mmenc")
@@ -130,6 +131,8 @@ class EncodeOptions:
     fail_fast: bool
     overwrite: bool
     wait_lock: bool
+    storage_options: list[str] | None
+    single_writer: bool
     task_index: int | None
     task_count: int | None
     progress: str
@@ -155,7 +158,9 @@ def build_config(o: EncodeOptions) -> RunConfig:
                           normalize=o.normalize, text_prefix=o.text_prefix, max_length=o.max_length,
                           trust_remote_code=o.trust_remote_code, allow_pickle_weights=o.allow_pickle_weights,
                           compile=o.compile, cpu_forward=o.cpu_forward),
-        writer=WriterConfig(out=str(o.out), format=o.format, out_dtype=o.out_dtype, shard_size=o.shard_size),
+        writer=WriterConfig(out=str(o.out), format=o.format, out_dtype=o.out_dtype, shard_size=o.shard_size,
+                            storage_options=parse_storage_options(o.storage_options),
+                            single_writer=o.single_writer),
         manifest=ManifestConfig(id_key=o.id_key, image_key=o.image_key, text_key=o.text_key, audio_key=o.audio_key,
                                 video_key=o.video_key, keep=tuple(o.keep or ()), limit=o.limit,
                                 csv_multiline=o.csv_multiline, max_row_bytes=o.max_row_bytes),
@@ -258,6 +263,8 @@ def encode(
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failed item (exit 4).")] = RunConfig.fail_fast,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Delete the existing output and start over.")] = RunConfig.overwrite,
     wait_lock: Annotated[bool, typer.Option("--wait-lock", help="Wait for a running run of this task instead of exiting 75.")] = RunConfig.wait_lock,
+    storage_options: StorageOpt = None,
+    single_writer: SingleWriterOpt = WriterConfig.single_writer,
     task_index: TaskIndexOpt = None,
     task_count: TaskCountOpt = None,
     progress: Annotated[str, typer.Option(help="auto (bar on a terminal, log lines otherwise), bar, log, none.")] = "auto",

@@ -18,7 +18,7 @@ from ..output.layout import shown
 from ..slurm import SlurmOptions
 from .encode import default_model
 from .exits import fail, fatal_errors
-from .options import ModelOpt, OutOpt
+from .options import ModelOpt, OutOpt, secret_storage_options
 from .render import echo_err, plural
 
 _ENCODE_ARGS = "mmenc.encode_args"
@@ -64,7 +64,7 @@ class SlurmParams:
     fails here, at import, not as a KeyError at run time)."""
 
     manifests: list[str]
-    out: Path
+    out: str
     tasks: int
     model: str | None
     partition: str | None
@@ -82,8 +82,8 @@ class SlurmParams:
     python: str | None
 
 
-def _job_name(out: Path) -> str:
-    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in out.name)[:40]
+def _job_name(out: str) -> str:
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in out.rstrip("/").rsplit("/", 1)[-1])[:40]
     return f"mmenc-{name}" if name else "mmenc"
 
 
@@ -173,12 +173,12 @@ def _options(ctx: typer.Context, o: SlurmParams) -> Any:
         model = canonical_model(model)
     for m in o.manifests:
         check_input(m)
-    out_abs = Path(os.path.abspath(o.out.expanduser()))
+    out_abs = o.out if is_url(o.out) else os.path.abspath(os.path.expanduser(o.out))
     logs = o.logs
     logs_dir = Path(os.path.abspath(logs.expanduser())) if logs else default_logs_dir(out_abs)
     encode_args = list(ctx.meta.get(_ENCODE_ARGS, []))
     opts = SlurmOptions(
-        manifests=tuple(m if is_url(m) else os.path.abspath(m) for m in o.manifests), out=str(out_abs), model=model,
+        manifests=tuple(m if is_url(m) else os.path.abspath(m) for m in o.manifests), out=out_abs, model=model,
         tasks=o.tasks,
         python=o.python or sys.executable, logs=str(logs_dir), job_name=o.job_name or _job_name(out_abs),
         partition=o.partition, time=o.time_limit, gpus_per_task=o.gpus_per_task,
@@ -187,6 +187,11 @@ def _options(ctx: typer.Context, o: SlurmParams) -> Any:
         generated=timestamp())
     _check_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
                              "--task-count", str(opts.tasks), "--task-index", "0", *encode_args])
+    secrets = secret_storage_options(encode_args)
+    if secrets:
+        raise fail(f"--storage-option {', '.join(secrets)} would write a secret into the script: give the "
+                   "tasks their credentials through the store's own chain (environment, profile, role)",
+                   ExitCode.USAGE)
     return opts
 
 

@@ -52,7 +52,8 @@ def run_devices(cfg: RunConfig, run_cls: Any, progress: Callable[[Counters], Non
     """Run `run_cls` (an `EncodeRun`) in one process per device, under the task's lock held here."""
     t_start = time.perf_counter()
     output = open_task(TaskRequest(root=cfg.writer.out, task=cfg.task_index, role="devices", overwrite=cfg.overwrite,
-                                   wait_lock=cfg.wait_lock, meta=lambda: task_record(cfg, "running", Counters(), 0.0)))
+                                   wait_lock=cfg.wait_lock, meta=lambda: task_record(cfg, "running", Counters(), 0.0),
+                                   storage_options=cfg.writer.store_options, single_writer=cfg.writer.single_writer))
     try:
         got, errors = _spawn_and_wait(cfg, run_cls, stop)
         if errors:

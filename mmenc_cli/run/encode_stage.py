@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..batching import BatchRunner, Launched
 from ..encoders.base import EncodeOutput, Encoder
-from ..errors import DeviceError, MMError, OutputError
+from ..errors import DeviceError, MMError, OutputError, RunError
 from ..records import Item
 from .commit import ShardCommitter, ShardOutcome
 from .counters import Counters
@@ -170,9 +170,12 @@ class EncodeStage:
         self.committer.close(check=False)
 
 
-def output_fault(oc: ShardOutcome) -> OutputError:
-    """The run-level error of a shard that the output could not take (disk full, read-only, ...)."""
+def output_fault(oc: ShardOutcome) -> RunError:
+    """The run-level error of a shard that the output could not take (disk full, read-only, ...;
+    or its name taken by another runner of the task: that one's own error, exit 75)."""
     exc = oc.error
+    if isinstance(exc, RunError):
+        return exc
     where, cause = "", str(exc)
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""

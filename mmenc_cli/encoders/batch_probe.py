@@ -73,10 +73,12 @@ def cuda_device(device: str) -> Device:
                   total=int(torch.cuda.get_device_properties(dev).total_memory), free_cache=torch.cuda.empty_cache)
 
 
-def probe_batch_size(run: Callable[[int], Any], device: Device, clock: Callable[[], float] = time.perf_counter,
+def probe_batch_size(run: Callable[[int], Any], device: Device, clock: Callable[[], float] | None = None,
                      sizes: tuple[int, ...] = SIZES) -> ProbeResult:
     """The largest of `sizes` whose forward (`run(n)`: one forward of n dummy items) fits and does
-    not lose throughput (see the module docstring); the smallest when none fits."""
+    not lose throughput (see the module docstring); the smallest when none fits. `clock`:
+    `time.perf_counter`, looked up at the call."""
+    clock = clock or time.perf_counter
     result = ProbeResult(sizes[0])
     best, start = 0.0, clock()
     for size in sizes:

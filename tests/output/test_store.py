@@ -247,3 +247,19 @@ def test_memory_and_file_urls_hold_an_output(tmp_path: Path) -> None:
     first, *others = got.values()
     assert all(o.keys() == first.keys() and all(np.array_equal(o[k], first[k]) for k in first) for o in others)
     assert (tmp_path / "file-url" / "_mmenc" / "run.json").is_file() and not Path("file:").exists()
+
+
+def test_a_killed_runs_unfinished_upload_is_aborted_at_the_next_start(tmp_path: Path, bucket: str,
+                                                                      s3_server: str) -> None:
+    import s3fs
+
+    manifest = texts(tmp_path / "m.jsonl", 20)
+    fs = s3fs.S3FileSystem()
+    started = []  # what a run killed during a multipart upload leaves: invisible, billed
+    for key in ("emb/part-t00000-w00-000000.parquet", "emb/part-t00001-w00-000000.parquet"):
+        started.append(fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"])
+        fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=started[-1], PartNumber=1, Body=b"x" * 1024)
+    assert encode(manifest, f"s3://{bucket}/emb", endpoint=s3_server).returncode == 0
+    left = fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
+    assert [u["Key"] for u in left] == ["emb/part-t00001-w00-000000.parquet"]  # task 1's is not task 0's to abort
+    assert len(vectors(f"s3://{bucket}/emb")) == 20

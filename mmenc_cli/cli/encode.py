@@ -120,7 +120,7 @@ class EncodeOptions:
     max_length: int | None
     pooling: str
     normalize: bool | None
-    batch_size: int
+    batch_size: int | None
     max_batch_tokens: int | None
     device: str
     dtype: str
@@ -233,7 +233,7 @@ def encode(
     max_length: Annotated[Optional[int], typer.Option(help="Cap on text tokens (default: the model's limit).")] = ModelConfig.max_length,
     pooling: Annotated[str, typer.Option(help="auto, cls, mean, tokens (token-level models) or frames (per-frame embeddings of video clips).")] = ModelConfig.pooling,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalize vectors (default: the model's convention; recorded).")] = ModelConfig.normalize,
-    batch_size: Annotated[int, typer.Option(help="Items per micro-batch.")] = BatchConfig.batch_size,
+    batch_size: Annotated[Optional[int], typer.Option(help="Items per micro-batch [default: 32 on the CPU; on CUDA the largest that a short probe at load finds fits and keeps the model's throughput].")] = BatchConfig.batch_size,
     max_batch_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch (token-level models).")] = BatchConfig.max_batch_tokens,
     device: DeviceOpt = ModelConfig.device,
     dtype: Annotated[str, typer.Option(help="auto, float32, float16, bfloat16 (auto: bf16/fp16 on CUDA, fp32 on CPU).")] = ModelConfig.dtype,

@@ -37,6 +37,10 @@ from .shm import SlotPool, shm_slots
 
 log = logging.getLogger("mmenc")
 
+#: the most images the device refused that go back to the workers as one chunk: a batch's refused
+#: JPEGs (a corrupt file, a format nvJPEG does not take) are shared by the workers, not one worker's
+REFUSED_CHUNK = 4
+
 class _Done:
     """A completed future stand-in for in-process decoding (workers=0)."""
 
@@ -135,6 +139,13 @@ class DecodePool:
             fut.add_done_callback(functools.partial(self._on_finished, token))
         else:
             self._finished.append(True)
+
+    def spread(self, items: list[Any]) -> list[list[Any]]:
+        """`items` (images the device refused) cut into chunks the workers share: at most
+        `REFUSED_CHUNK` each, and as many as there are workers while there are enough items
+        (each chunk goes to whichever worker is free first)."""
+        size = max(1, min(REFUSED_CHUNK, -(-len(items) // max(1, self.workers))))
+        return [items[k:k + size] for k in range(0, len(items), size)]
 
     def _take(self, modality: str) -> Any:
         """Shared-memory slots for one item: an image's (or None), a video clip's frames' (a tuple,

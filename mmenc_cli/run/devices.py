@@ -138,4 +138,5 @@ def _merge(cfg: RunConfig, root: str, got: dict[int, Any], t_start: float) -> Ru
     loaded = [r for r in got.values() if r is not None and r.model_loaded]
     return RunResult(out=root, task=cfg.task_index, state=state, counters=counters, facts=facts,
                      elapsed=time.perf_counter() - t_start, threshold_exceeded=threshold_exceeded(cfg, counters),
-                     model_loaded=bool(loaded), events=events, forward=loaded[0].forward if loaded else None)
+                     model_loaded=bool(loaded), events=events, forward=loaded[0].forward if loaded else None,
+                     batch_size=loaded[0].batch_size if loaded else None)

@@ -44,7 +44,7 @@ class EncodeStage:
     def __init__(self, encoder: Encoder, batch_size: int, grow_after: int, normalize: bool,
                  counters: Counters, failures: FailureSink, committer: ShardCommitter,
                  events: list[str], progress: Callable[[Counters], None]) -> None:
-        self.encoder = encoder
+        self.encoder, self.batch_size = encoder, batch_size
         self.normalize = normalize and (encoder.output_kind == "pooled" or encoder.normalizes_rows)
         self.counters, self.failures, self.committer = counters, failures, committer
         self.events, self.progress = events, progress

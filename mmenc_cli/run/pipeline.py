@@ -67,6 +67,7 @@ class EncodeRun:
         self.events: list[str] = []
         self.failures: FailureSink | None = None
         self.stopped_by: str | None = None
+        self.context: RunContext | None = None  # what the stages share, once the loop runs
 
     # -- setup ----------------------------------------------------------------------------
     @property
@@ -169,7 +170,8 @@ class EncodeRun:
                          counters=self.counters, facts=self.facts, elapsed=time.perf_counter() - t_start,
                          threshold_exceeded=threshold_exceeded(self.cfg, self.counters),
                          model_loaded=self.encoder is not None, events=self.events,
-                         forward=self.encoder.forward_summary() if self.encoder is not None else None)
+                         forward=self.encoder.forward_summary() if self.encoder is not None else None,
+                         batch_size=self.context.batch_size if self.context is not None else None)
 
     def _failed(self) -> None:
         if self.cfg.fail_fast and self.stopped_by is None:
@@ -199,8 +201,9 @@ class EncodeRun:
     def _loop(self, modalities: tuple[str, ...], history: History) -> None:
         seen = HashSet64()
         assert self.output is not None and self.failures is not None
-        stages = Stages(RunContext(self.cfg, self.output, self.counters, self.failures, self.stop, self.progress,
-                                   self.load_encoder, self.facts, modalities, self.events))
+        self.context = RunContext(self.cfg, self.output, self.counters, self.failures, self.stop, self.progress,
+                                  self.load_encoder, self.facts, modalities, self.events)
+        stages = Stages(self.context)
         try:
             for rec in self._rows():
                 if self.stop.is_set():

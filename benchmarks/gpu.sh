@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One-shot GPU benchmark of mmenc (see benchmarks/gpu_bench.py for what is measured and how).
 #
-#   bash benchmarks/gpu.sh OUTDIR            # full: one CUDA GPU, under 4 minutes, no network
+#   bash benchmarks/gpu.sh OUTDIR            # full: one CUDA GPU, about 5 minutes (at most 9), no network
 #   bash benchmarks/gpu.sh --smoke OUTDIR    # the same code at tiny sizes on the CPU (CI)
 #
 # Installs mmenc from this checkout (pip install --no-deps --no-build-isolation -e .; skipped with
 # --smoke when `import mmenc_cli` already resolves here), checks the imports the benchmark needs,
-# then runs gpu_bench.py, which prints a table and writes OUTDIR/gpu_bench.json.
+# then runs gpu_bench.py, which prints a table, each goal's figure beside it (met / not met / not
+# measured) and writes OUTDIR/gpu_bench.json.
 # Environment: PYTHON (default: python); MMENC_BENCH_CACHE (where JPEGs and models are kept;
 # default OUTDIR/data). Exit status: 0 all stages ran or were skipped by the time guard; 1 a stage
 # failed; 2 usage; 3 a needed import is missing.

@@ -122,6 +122,8 @@ class BatchRunner:
     def _on_failure(self, modality: str, payloads: Sequence[Any], lo: int, hi: int,
                     launched: "Launched", exc: Exception) -> None:
         n = hi - lo
+        if isinstance(exc, DeviceError):  # already the run's (e.g. the forward's timer met the fault)
+            raise exc
         if is_device_fault(exc):
             raise DeviceError.of(exc) from None
         if is_out_of_memory(exc) or isinstance(exc, MemoryError):

@@ -30,6 +30,8 @@ DEFAULT_MAX_ROW_BYTES = 32 * 1024 * 1024
 RESERVED_COLUMNS = frozenset({"id", "modality", "embedding"})
 #: undecoded inline bytes (tar members, Parquet image bytes) waiting for or in the decode workers (--max-inflight-bytes)
 DEFAULT_MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
+#: items per micro-batch where neither --batch-size nor the device's probe says (the CPU's)
+DEFAULT_BATCH_SIZE = 32
 #: the field metadata key of `option`'s classification
 FINGERPRINT = "fingerprint"
 
@@ -191,7 +193,9 @@ class BatchConfig:
     """Micro-batching: batch size, token budget, workers and prefetch (by count, and by the
     undecoded inline bytes in flight: `max_inflight_bytes`)."""
 
-    batch_size: int = option(32, fingerprint=False)
+    #: None: `DEFAULT_BATCH_SIZE` on the CPU; on CUDA the model's own choice at load
+    #: (`Encoder.default_batch_size`: a short probe of forwards), recorded in the task metadata
+    batch_size: int | None = option(None, fingerprint=False)
     max_batch_tokens: int | None = option(None, fingerprint=False)
     workers: int | None = option(None, fingerprint=False)  # None: a default from the CPU count
     prefetch_batches: int = option(4, fingerprint=False)
@@ -199,7 +203,7 @@ class BatchConfig:
     max_inflight_bytes: int = option(DEFAULT_MAX_INFLIGHT_BYTES, fingerprint=False)
 
     def __post_init__(self) -> None:
-        if self.batch_size <= 0:
+        if self.batch_size is not None and self.batch_size <= 0:
             raise ConfigError("--batch-size must be > 0")
         if self.workers is not None and self.workers < 0:
             raise ConfigError("--workers must be >= 0")
@@ -207,6 +211,11 @@ class BatchConfig:
             raise ConfigError("prefetch must be > 0")
         if self.max_inflight_bytes <= 0:
             raise ConfigError("--max-inflight-bytes must be > 0")
+
+    def size_for(self, choice: int | None) -> int:
+        """The batch size of a run: `--batch-size` as given; else the encoder's `choice` for its
+        device; else `DEFAULT_BATCH_SIZE`."""
+        return self.batch_size or choice or DEFAULT_BATCH_SIZE
 
     def workers_per_device(self, devices: int = 1) -> int:
         """Decode worker processes of one device process: `--workers` (0: decode in-process), by
@@ -227,6 +236,15 @@ class WriterConfig:
     #: None: float32 for pooled vectors, float16 for token embeddings
     out_dtype: str | None = option(None, fingerprint=True)
     shard_size: int = option(10_000, fingerprint=False)
+    #: fsspec options of an object-store OUT, as (key, value) pairs: never recorded (they may be secrets)
+    storage_options: tuple[tuple[str, str], ...] = option((), fingerprint=False)
+    #: the scheduler never runs one task twice at once: a store without exclusive create may hold OUT
+    single_writer: bool = option(False, fingerprint=False)
+
+    @property
+    def store_options(self) -> dict[str, str]:
+        """`storage_options` as fsspec takes them."""
+        return dict(self.storage_options)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -286,6 +304,7 @@ class RunConfig:
         """A JSON-ready copy for the run metadata."""
         out = asdict(self)
         del out["media"]["limit_option"]  # a loader's detail, not an option
+        out["writer"]["storage_options"] = sorted({k for k, _ in self.writer.storage_options})  # names, no values
         return out
 
 

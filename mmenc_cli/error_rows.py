@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .config import DEFAULT_MAX_ROW_BYTES
-from .errors import ManifestError, printable
+from .errors import ManifestError, OutputError, printable
 from .idset import HashSet64, id_hash
 from .output import OutDir, iter_shard_keys
 from .output.fs import LOCAL
@@ -37,6 +37,8 @@ def latest_errors(out: str | Path, damaged: list[str] | None = None) -> list[dic
     manifest lines a later run read as valid rows (a "resolved" marker). Report lines and shards
     that cannot be read are skipped (named in `damaged` when given)."""
     od = OutDir(out)
+    if not od.root.is_dir():
+        raise OutputError(f"{od.root}: no such output folder")
     latest: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in iter_error_records(od.error_report_paths(), damaged):
         key = _key(row)

@@ -206,12 +206,33 @@ def classify(exc: BaseException, stage: str) -> MMError:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """True for torch's CUDA/MPS out-of-memory errors, without importing torch."""
-    name = type(exc).__name__
-    if name in ("OutOfMemoryError", "OutOfMemory"):
+    """True for an accelerator's out-of-memory error, without importing torch: by type
+    (`torch.OutOfMemoryError`, which `torch.cuda.OutOfMemoryError` names too, and its subclasses,
+    however a library renames them), by the message torch and its libraries give when an
+    allocation fails, and through its explicit causes (`raise ... from oom`: a compiler or a library
+    that wraps it; not an error merely raised while one was handled)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if _oom_by_type(e) or (isinstance(e, RuntimeError) and any(s in str(e).lower() for s in OOM_MESSAGES)):
+            return True
+        e = e.__cause__
+    return False
+
+
+#: what torch, cuBLAS and cuDNN say when a device allocation fails (lower case)
+OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+
+
+def _oom_by_type(exc: BaseException) -> bool:
+    """`exc` is torch's out-of-memory error or a subclass (by the class's name when torch is not
+    imported: nothing in this process could have raised torch's then)."""
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if isinstance(oom, type) and isinstance(exc, oom):
         return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower())
+    return any(cls.__name__ in ("OutOfMemoryError", "OutOfMemory") for cls in type(exc).__mro__)
 
 
 #: CUDA errors after which the device's context is unusable: every later call fails the same way
@@ -311,3 +332,11 @@ class LockBusy(RunError):
 
 class LockWaitInterrupted(Exception):
     """A stop signal arrived while waiting for a task lock (--wait-lock); the run ends interrupted."""
+
+
+def client_reason(exc: BaseException) -> str:
+    """What an object-store client's own error means (one that is not an `OSError`: botocore's and
+    the like): missing or refused credentials are the store refusing us (403); anything else, an
+    endpoint that cannot be reached or a client fault, is the store unavailable for now (503)."""
+    name = type(exc).__name__
+    return "media.permission_denied" if "Credential" in name or "Signature" in name else "remote.unavailable"

@@ -85,11 +85,18 @@ def factory(encoder: FakeEncoder) -> Callable[..., FakeEncoder]:
     return lambda cfg, device=None: encoder
 
 
-def fake_cuda_streams(monkeypatch: Any, log: list[str]) -> None:
+def fake_cuda_streams(monkeypatch: Any, log: list[str], faults: list[BaseException] | None = None) -> None:
     """Replace torch's CUDA stream API with one that logs, in order: entering and leaving a stream
-    ("on side", "off side"), waits ("current waits for side") and `record_stream` ("used on
-    current"). The current stream is "current"; every new stream is "side"."""
+    ("on side", "off side"), waits ("current waits for side", "current waits for the event on
+    side"), events ("event on side"), synchronizing a stream ("side synchronized": raises the first
+    of `faults` left, as a lost context does), `record_stream` ("used on current") and making a
+    device current ("device 1"). Each thread's current stream is "current" until it enters another
+    (as CUDA's current stream is per thread); every new stream is "side"."""
+    import threading
+
     import torch
+
+    local = threading.local()
 
     class FakeStream:
         def __init__(self, name: str) -> None:
@@ -98,20 +105,46 @@ def fake_cuda_streams(monkeypatch: Any, log: list[str]) -> None:
         def wait_stream(self, other: "FakeStream") -> None:
             log.append(f"{self.name} waits for {other.name}")
 
+        def wait_event(self, event: "FakeEvent") -> None:
+            log.append(f"{self.name} waits for {event.name}")
+
+        def synchronize(self) -> None:
+            log.append(f"{self.name} synchronized")
+            if faults:
+                raise faults.pop(0)
+
+    class FakeEvent:
+        def __init__(self, *a: Any, **k: Any) -> None:
+            self.name = "an unrecorded event"
+
+        def record(self, stream: FakeStream | None = None) -> None:
+            where = (stream or current_stream()).name
+            self.name = f"the event on {where}"
+            log.append(f"event on {where}")
+
     class On:
         def __init__(self, stream: FakeStream) -> None:
             self.stream = stream
 
         def __enter__(self) -> None:
             log.append(f"on {self.stream.name}")
+            local.__dict__.setdefault("stack", []).append(self.stream)
 
         def __exit__(self, *exc: Any) -> None:
+            local.stack.pop()
             log.append(f"off {self.stream.name}")
 
     current = FakeStream("current")
+
+    def current_stream(device: Any = None) -> FakeStream:
+        stack = local.__dict__.get("stack")
+        return stack[-1] if stack else current
+
     monkeypatch.setattr("mmenc_cli.encoders.device._SIDE_STREAMS", {})  # no stream kept from before
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("side"))
     monkeypatch.setattr(torch.cuda, "stream", On)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: log.append(f"device {torch.device(device).index}"))
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(f"used on {s.name}"),
                         raising=False)

@@ -138,7 +138,7 @@ def build_fault_corpus(dir: Path) -> dict[str, FaultCase]:
                                         "media.unsupported_format", load),
         "empty_data_uri": FaultCase("data:image/png;base64,", 400, "media.empty", load),
         "ftp_scheme": FaultCase("ftp://example.com/x.jpg", 415, "media.unsupported_scheme", load),
-        "s3_scheme": FaultCase("s3://bucket/key.jpg", 415, "media.unsupported_scheme", load),
+        "store_without_backend": FaultCase("gs://bucket/key.jpg", 415, "media.unsupported_scheme", load),
         "refused": FaultCase(f"http://127.0.0.1:{free_loopback_port()}/x.jpg", 503,
                              "remote.unavailable", load),
     }

@@ -20,6 +20,7 @@ from mmenc_cli.output import OutDir
 from mmenc_cli.run.pipeline import run_encode
 from tests import modelfactory_vl as mf
 from tests.conftest import write_jsonl
+from tests.s3server import bucket, s3_server  # noqa: F401
 from tests.test_tokens import make_cfg
 
 REPO = Path(__file__).parents[1]
@@ -124,6 +125,23 @@ def test_export_refuses_pooled_outputs_and_foreign_folders(qwen25vl: Path, corpu
     with pytest.raises(OutputError, match="not empty"):
         export_vllm(tokens, busy)
     assert (busy / "notes.txt").read_text() == "mine"
+
+
+def test_export_from_a_bucket_equals_the_local_export(qwen25vl: Path, corpus: Any, tmp_path: Path,
+                                                      bucket: str) -> None:
+    pytest.importorskip("s3fs")
+    manifest, imgs = corpus
+    local, remote = tmp_path / "out", f"s3://{bucket}/tokens"
+    for out in (local, remote):  # a token output (safetensors shards, Parquet index) in each
+        assert run_encode(make_cfg(manifest, out, qwen25vl)).state == "done"
+    export_vllm(local, tmp_path / "from-local")
+    result = export_vllm(remote, tmp_path / "from-bucket")
+    assert result.items == len(imgs)
+    mine, theirs = read_export(tmp_path / "from-bucket"), read_export(tmp_path / "from-local")
+    assert set(mine) == set(theirs) == set(imgs)
+    for id, e in mine.items():
+        assert np.array_equal(e["image_embeds"], theirs[id]["image_embeds"])
+        assert e["image_grid_thw"].tolist() == theirs[id]["image_grid_thw"].tolist()
 
 
 def test_export_filenames_are_safe_and_distinct() -> None:

@@ -167,6 +167,22 @@ def test_cli_defaults(tmp_path: Path) -> None:
     assert Path(again.stdout.strip()) != script  # never overwrites an earlier script
 
 
+def test_output_in_a_store_keeps_scripts_and_logs_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("s3fs")
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "text": "t"}])
+    res = CliRunner().invoke(app, ["slurm", "m.jsonl", "--out", "s3://bucket/runs/emb", "--model", "org/m",
+                                   "--tasks", "2", "--", "--storage-option", "endpoint_url=http://h:9000"])
+    assert res.exit_code == 0, res.output
+    script = Path(res.stdout.strip())  # Slurm reads neither scripts nor logs from a bucket
+    assert script.parent == tmp_path / "mmenc-slurm" / "bucket_runs_emb" / "slurm"
+    text = script.read_text()
+    assert "--job-name=mmenc-emb" in directives(text)
+    assert f"--output={tmp_path}/mmenc-slurm/bucket_runs_emb/logs/%A_%a.out" in directives(text)
+    assert " --out s3://bucket/runs/emb " in text and "--storage-option endpoint_url=http://h:9000" in text
+    assert not (tmp_path / "s3:").exists()
+
+
 @pytest.mark.parametrize("value", ["plain", "a b", "it's", 'say "hi"', "back\\slash", "#hash", "$HOME `x`", "",
                                    "a\\\"b'c #d"])
 def test_slurm_quote_round_trips(value: str) -> None:

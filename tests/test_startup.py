@@ -1,4 +1,4 @@
-"""Read-only commands start instantly: they never import torch or transformers.
+"""Read-only commands start instantly: they never import torch, transformers or Ray.
 
 Each command runs in a fresh interpreter (`python -c` calling the console-script entry point),
 which reports `sys.modules` at exit. The output folder they read is built in-process with the
@@ -22,14 +22,14 @@ from tests.fakes import FakeEncoder, factory
 from tests.runs import make_cfg
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "transformers")
+HEAVY = ("torch", "transformers", "ray")
 #: runs the `mmenc` entry point with argv, then reports the imported modules on stderr at exit
 RUNNER = r"""
 import atexit, json, sys
 
 def _report():
     names = list(sys.modules)
-    heavy = sorted({n.split(".")[0] for n in names if n.split(".")[0] in ("torch", "transformers")})
+    heavy = sorted({n.split(".")[0] for n in names if n.split(".")[0] in ("torch", "transformers", "ray")})
     sys.stderr.write("MMENC-MODULES " + json.dumps({"heavy": heavy, "count": len(names)}) + "\n")
 
 atexit.register(_report)
@@ -72,6 +72,7 @@ def _commands() -> list[str]:
 
 @pytest.mark.parametrize("args", [
     ("--help",),
+    ("ray", "--help"),
     ("errors", "summary", "{out}"),
     ("errors", "list", "{out}"),
     ("errors", "list", "{out}", "--json"),
@@ -79,7 +80,7 @@ def _commands() -> list[str]:
     ("inspect", "{out}", "--json"),
     ("status", "{out}"),
 ], ids=lambda a: " ".join(a).replace("{out}", "OUT"))
-def test_read_only_commands_do_not_import_torch_or_transformers(out: Path, args: tuple[str, ...]) -> None:
+def test_read_only_commands_do_not_import_torch_transformers_or_ray(out: Path, args: tuple[str, ...]) -> None:
     if args[0] == "status" and "status" not in _commands():
         pytest.skip("this build has no `mmenc status` command")
     argv = [a.replace("{out}", str(out)) for a in args]

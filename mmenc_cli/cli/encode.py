@@ -14,10 +14,11 @@ import typer
 
 from ..config import (DEFAULT_DECODE, DEFAULT_FRAMES, MAX_FPS_FRAMES, BatchConfig, ManifestConfig, MediaConfig,
                       ModelConfig, RunConfig, WriterConfig)
-from ..errors import ExitCode
+from ..errors import ConfigError, ExitCode
 from ..stopping import request_stop
 from .exits import fail, fatal_errors
-from .options import DeviceOpt, ModelOpt, OutOpt, TaskCountOpt, TaskIndexOpt
+from .options import DeviceOpt, ModelOpt, OutOpt, SingleWriterOpt, StorageOpt, TaskCountOpt, TaskIndexOpt
+from .options import parse_storage_options
 from .render import Progress, echo_err, setup_logging, summary_lines
 
 log = logging.getLogger("mmenc")
@@ -38,16 +39,36 @@ def default_model() -> str:
 
 
 def task_from_env(index: int | None, count: int | None) -> tuple[int, int]:
-    """Task index and count from the options, else from Slurm's array variables, else (0, 1)."""
+    """Task index and count: the options; else Slurm's array variables; else a Kubernetes Indexed
+    Job's `JOB_COMPLETION_INDEX` with the count from `MMENC_TASK_COUNT`; else (0, 1). An index from
+    the environment without a count, or `MMENC_TASK_COUNT` without any index, is a usage error: every
+    pod would encode the same slice, or all of the input."""
     env = os.environ
-    if count is None:
-        count = int(env["SLURM_ARRAY_TASK_COUNT"]) if env.get("SLURM_ARRAY_TASK_COUNT") else 1
-    if index is None:
-        if env.get("SLURM_ARRAY_TASK_ID"):
-            index = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN") or 0)
-        else:
-            index = 0
-    return index, count
+    counted_by = None if count is not None else next(
+        (name for name in ("SLURM_ARRAY_TASK_COUNT", "MMENC_TASK_COUNT") if env.get(name)), None)
+    if counted_by:
+        count = _env_int(counted_by)
+    if index is None and env.get("SLURM_ARRAY_TASK_ID"):
+        index = _env_int("SLURM_ARRAY_TASK_ID") - (_env_int("SLURM_ARRAY_TASK_MIN") if env.get("SLURM_ARRAY_TASK_MIN")
+                                                   else 0)
+    elif index is None and env.get("JOB_COMPLETION_INDEX"):
+        index = _env_int("JOB_COMPLETION_INDEX")
+        if count is None:
+            raise ConfigError(f"JOB_COMPLETION_INDEX={index} (a Kubernetes Indexed Job) but no task count: set "
+                              "MMENC_TASK_COUNT to the Job's completions, or pass --task-count")
+    elif index is None and counted_by == "MMENC_TASK_COUNT":
+        raise ConfigError(f"MMENC_TASK_COUNT={count} but no task index: run it as a Kubernetes Indexed Job "
+                          "(JOB_COMPLETION_INDEX) or pass --task-index")
+    return (0 if index is None else index), (1 if count is None else count)
+
+
+def _env_int(name: str) -> int:
+    """A whole number from the environment variable `name` (a usage error otherwise)."""
+    value = os.environ[name].strip()
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a whole number") from None
 
 
 class Signals:
@@ -99,7 +120,7 @@ class EncodeOptions:
     max_length: int | None
     pooling: str
     normalize: bool | None
-    batch_size: int
+    batch_size: int | None
     max_batch_tokens: int | None
     device: str
     dtype: str
@@ -130,6 +151,8 @@ class EncodeOptions:
     fail_fast: bool
     overwrite: bool
     wait_lock: bool
+    storage_options: list[str] | None
+    single_writer: bool
     task_index: int | None
     task_count: int | None
     progress: str
@@ -138,12 +161,12 @@ class EncodeOptions:
     verbose: bool
 
 
-def build_config(o: EncodeOptions) -> RunConfig:
-    """The `RunConfig` of the encode options `o` (the task from Slurm's variables where not given)."""
-    from ..errors import ConfigError
+def build_config(o: EncodeOptions, check_inputs: bool = True) -> RunConfig:
+    """The `RunConfig` of the encode options `o` (the task from the environment where not given);
+    `check_inputs=False` where the inputs are checked elsewhere (`mmenc ray`: on a worker)."""
     from ..readers.files import check_input
 
-    for m in o.manifests:
+    for m in o.manifests if check_inputs else ():
         check_input(m)
     if o.progress not in ("auto", "bar", "log", "none"):
         raise ConfigError("--progress must be auto, bar, log or none")
@@ -155,7 +178,9 @@ def build_config(o: EncodeOptions) -> RunConfig:
                           normalize=o.normalize, text_prefix=o.text_prefix, max_length=o.max_length,
                           trust_remote_code=o.trust_remote_code, allow_pickle_weights=o.allow_pickle_weights,
                           compile=o.compile, cpu_forward=o.cpu_forward),
-        writer=WriterConfig(out=str(o.out), format=o.format, out_dtype=o.out_dtype, shard_size=o.shard_size),
+        writer=WriterConfig(out=str(o.out), format=o.format, out_dtype=o.out_dtype, shard_size=o.shard_size,
+                            storage_options=parse_storage_options(o.storage_options),
+                            single_writer=o.single_writer),
         manifest=ManifestConfig(id_key=o.id_key, image_key=o.image_key, text_key=o.text_key, audio_key=o.audio_key,
                                 video_key=o.video_key, keep=tuple(o.keep or ()), limit=o.limit,
                                 csv_multiline=o.csv_multiline, max_row_bytes=o.max_row_bytes),
@@ -208,7 +233,7 @@ def encode(
     max_length: Annotated[Optional[int], typer.Option(help="Cap on text tokens (default: the model's limit).")] = ModelConfig.max_length,
     pooling: Annotated[str, typer.Option(help="auto, cls, mean, tokens (token-level models) or frames (per-frame embeddings of video clips).")] = ModelConfig.pooling,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalize vectors (default: the model's convention; recorded).")] = ModelConfig.normalize,
-    batch_size: Annotated[int, typer.Option(help="Items per micro-batch.")] = BatchConfig.batch_size,
+    batch_size: Annotated[Optional[int], typer.Option(help="Items per micro-batch [default: 32 on the CPU; on CUDA the largest that a short probe at load finds fits and keeps the model's throughput].")] = BatchConfig.batch_size,
     max_batch_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch (token-level models).")] = BatchConfig.max_batch_tokens,
     device: DeviceOpt = ModelConfig.device,
     dtype: Annotated[str, typer.Option(help="auto, float32, float16, bfloat16 (auto: bf16/fp16 on CUDA, fp32 on CPU).")] = ModelConfig.dtype,
@@ -258,6 +283,8 @@ def encode(
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failed item (exit 4).")] = RunConfig.fail_fast,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Delete the existing output and start over.")] = RunConfig.overwrite,
     wait_lock: Annotated[bool, typer.Option("--wait-lock", help="Wait for a running run of this task instead of exiting 75.")] = RunConfig.wait_lock,
+    storage_options: StorageOpt = None,
+    single_writer: SingleWriterOpt = WriterConfig.single_writer,
     task_index: TaskIndexOpt = None,
     task_count: TaskCountOpt = None,
     progress: Annotated[str, typer.Option(help="auto (bar on a terminal, log lines otherwise), bar, log, none.")] = "auto",

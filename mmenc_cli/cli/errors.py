@@ -21,13 +21,10 @@ ModalityOpt = Annotated[Optional[List[str]], typer.Option("--modality", help="im
 GrepOpt = Annotated[Optional[str], typer.Option("--grep", help="Only rows containing this text (case-insensitive).")]
 
 
-def _rows(out: Path, code, reason, stage, modality, grep) -> list[dict]:
-    from ..errors import OutputError
+def _rows(out: str, code, reason, stage, modality, grep) -> list[dict]:
     from ..error_rows import filter_errors, latest_errors
 
     with fatal_errors():
-        if not out.is_dir():
-            raise OutputError(f"{out}: no such output folder")
         damaged: list[str] = []
         rows = filter_errors(latest_errors(out, damaged), code, reason, stage, modality, grep)
     for problem in damaged:

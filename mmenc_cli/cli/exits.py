@@ -8,6 +8,8 @@
     4  error threshold exceeded, --fail-fast stopped the run, or `mmenc status` found work left
    75  another live run holds this task's lock on OUT (EX_TEMPFAIL)
   130  interrupted by SIGINT, 143 by SIGTERM (resumable: re-run the same command)
+  `mmenc ray` also exits with the code of its first task that still failed after its retries
+  (137: the task's worker or node died every time); engines/job.py has the order
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import typer
 from ..errors import printable
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..engines.job import JobResult, TaskOutcome
     from ..output.inspect import InspectReport
     from ..run.counters import Counters, ModalityStats, RunResult
     from ..output.status import StatusReport
@@ -110,6 +111,51 @@ def summary_lines(result: "RunResult", verbose: bool = False) -> list[str]:
     return lines
 
 
+def job_lines(job: "JobResult", verbose: bool = False) -> list[str]:
+    """`mmenc ray`'s end: the summary across tasks, the tasks that did not simply finish, what
+    `mmenc status` says of OUT now, and why the exit code is not 0."""
+    lines = summary_lines(job.result, verbose)
+    by_state: dict[str, int] = {}
+    for t in job.tasks:
+        by_state[t.state] = by_state.get(t.state, 0) + 1
+    retried = sum(1 for t in job.tasks if t.attempts > 1)
+    lines.append(f"  {plural(len(job.tasks), 'task')}: " + ", ".join(f"{n} {s}" for s, n in sorted(by_state.items()))
+                 + (f" ({retried} retried)" if retried else ""))
+    lines += [_task_line(t) for t in job.tasks if t.state != "done" or t.attempts > 1][:MAX_TASK_LINES]
+    lines += _status_lines(job)
+    if job.code:
+        lines.append(f"  exit {job.code}: {job.reason}")
+    return lines
+
+
+#: tasks named one per line at the end of `mmenc ray` (the others are counted)
+MAX_TASK_LINES = 20
+
+
+def _task_line(t: "TaskOutcome") -> str:
+    retries = max(0, t.attempts - 1)
+    return (f"  task {t.task} {t.state}" + (f" (exit {t.code})" if t.code else "")
+            + (f" after {plural(retries, 'retry', 'retries')}" if retries else "")
+            + (f" on {t.host}" if t.host else "") + (f": {t.error}" if t.error else ""))
+
+
+def _status_lines(job: "JobResult") -> list[str]:
+    """What `mmenc status OUT` says after the job, in a few lines."""
+    s = job.status
+    if s is None:
+        return ["  mmenc status: not read" + (f" ({job.status_error})" if job.status_error else "")]
+    if s.ok:
+        return [f"  mmenc status: all {plural(s.task_count, 'task')} done, no duplicates"]
+    lines = []
+    if s.rerun:
+        lines.append(f"  mmenc status: {word(len(s.rerun), 'task')} {','.join(map(str, s.rerun))} "
+                     f"{word(len(s.rerun), 'needs', 'need')} a re-run: run the same command again to resume")
+    if s.duplicates:
+        lines.append(f"  mmenc status: duplicates: {duplicates_line(s.duplicates)}")
+    lines += [f"  mmenc status: {p}" for p in s.problems[:5]]
+    return lines or [f"  mmenc status: not done (see mmenc status {s.out})"]
+
+
 def _failure_lines(c: "Counters", out: str) -> list[str]:
     """A line per failure code (items and invalid lines of this run), then where to look."""
     codes: dict[int, int] = {}
@@ -148,11 +194,12 @@ class Progress:
         self.last = self.t0
         self.bar: Any = None
 
-    def __call__(self, counters: "Counters") -> None:
+    def __call__(self, counters: "Counters", note: str = "") -> None:
         if not self.enabled:
             return
         done, failed = counters.encoded_now, counters.failed_now
         rate = done / max(1e-9, time.monotonic() - self.t0 - counters.seconds.get("load", 0.0))
+        note = f"  {note}" if note else ""
         if self.tty:
             if self.bar is None:
                 from rich.progress import Progress as Bar
@@ -161,10 +208,12 @@ class Progress:
                 self.bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True)
                 self.bar.start()
                 self.task = self.bar.add_task("")
-            self.bar.update(self.task, description=f"rows {counters.rows}  encoded {done}  failed {failed}  {rate:.1f} items/s")
+            self.bar.update(self.task, description=f"rows {counters.rows}  encoded {done}  failed {failed}  "
+                                                   f"{rate:.1f} items/s{note}")
         elif time.monotonic() - self.last >= self.every:
             self.last = time.monotonic()
-            log.info("progress: rows %d, encoded %d, failed %d, %.1f items/s", counters.rows, done, failed, rate)
+            log.info("progress: rows %d, encoded %d, failed %d, %.1f items/s%s", counters.rows, done, failed, rate,
+                     note.replace("  ", "; ", 1))
 
     def close(self) -> None:
         if self.bar is not None:

@@ -10,53 +10,16 @@ from pathlib import Path
 from typing import Annotated, Any, List, Optional
 
 import typer
-from typer.core import TyperCommand
 
 from ..clock import timestamp
 from ..errors import ConfigError, ExitCode, OutputError, SubmitError
 from ..output.layout import shown
 from ..slurm import SlurmOptions
-from .encode import default_model
+from .encode_args import EncodeArgsCommand, absolute_inputs, parse_encode_args, task_model
+from .encode_args import encode_args as encode_args_of
 from .exits import fail, fatal_errors
-from .options import ModelOpt, OutOpt
+from .options import ModelOpt, OutOpt, secret_storage_options
 from .render import echo_err, plural
-
-_ENCODE_ARGS = "mmenc.encode_args"
-
-
-class EncodeArgsCommand(TyperCommand):
-    """Everything after `--` is kept verbatim as `mmenc encode` options (click would take it as
-    more MANIFEST arguments)."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta[_ENCODE_ARGS] = args[cut + 1:]
-            args = args[:cut]
-        try:
-            return super().parse_args(ctx, args)
-        except Exception as exc:
-            if type(exc).__name__ == "NoSuchOption" and isinstance(getattr(exc, "message", None), str):
-                exc.message += " (mmenc encode options go after --, e.g. -- --batch-size 64)"
-            raise
-
-
-def _check_encode_args(ctx: typer.Context, argv: list[str]) -> None:
-    """Parse the encode command line now, so a typo fails here and not in every array task."""
-    group = ctx.parent.command if ctx.parent is not None else None
-    get_command = getattr(group, "get_command", None)
-    encode = get_command(ctx.parent, "encode") if get_command else None
-    if encode is None:
-        return
-    try:
-        encode.make_context("encode", list(argv), parent=ctx.parent)
-    except typer.Exit:  # -- --help printed encode's help
-        raise
-    except Exception as exc:
-        if not hasattr(exc, "format_message"):  # the parser's usage errors have it
-            raise
-        raise fail(f"encode options after --: {exc.format_message()}", ExitCode.USAGE) from None
-
 
 @dataclass(frozen=True)
 class SlurmParams:
@@ -64,7 +27,7 @@ class SlurmParams:
     fails here, at import, not as a KeyError at run time)."""
 
     manifests: list[str]
-    out: Path
+    out: str
     tasks: int
     model: str | None
     partition: str | None
@@ -82,8 +45,8 @@ class SlurmParams:
     python: str | None
 
 
-def _job_name(out: Path) -> str:
-    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in out.name)[:40]
+def _job_name(out: str) -> str:
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in out.rstrip("/").rsplit("/", 1)[-1])[:40]
     return f"mmenc-{name}" if name else "mmenc"
 
 
@@ -161,32 +124,28 @@ def _options(ctx: typer.Context, o: SlurmParams) -> Any:
     from ..readers.files import check_input, is_url
     from ..slurm import default_logs_dir
 
-    model = o.model
-    if model is None:
-        model = default_model()
-        echo_err(f"mmenc: warning: no --model: the job uses the bundled DEMO model {model}")
-    if Path(model).expanduser().exists():
-        model = os.path.abspath(Path(model).expanduser())
-    else:  # open_clip:./folder, timm:~/folder: absolute, for the tasks
-        from ..encoders.libraries import canonical_model
-
-        model = canonical_model(model)
+    model = task_model(o.model)
     for m in o.manifests:
         check_input(m)
-    out_abs = Path(os.path.abspath(o.out.expanduser()))
+    out_abs = o.out if is_url(o.out) else os.path.abspath(os.path.expanduser(o.out))
     logs = o.logs
     logs_dir = Path(os.path.abspath(logs.expanduser())) if logs else default_logs_dir(out_abs)
-    encode_args = list(ctx.meta.get(_ENCODE_ARGS, []))
+    encode_args = encode_args_of(ctx)
     opts = SlurmOptions(
-        manifests=tuple(m if is_url(m) else os.path.abspath(m) for m in o.manifests), out=str(out_abs), model=model,
+        manifests=absolute_inputs(o.manifests), out=out_abs, model=model,
         tasks=o.tasks,
         python=o.python or sys.executable, logs=str(logs_dir), job_name=o.job_name or _job_name(out_abs),
         partition=o.partition, time=o.time_limit, gpus_per_task=o.gpus_per_task,
         cpus_per_task=o.cpus_per_task, mem=o.mem, signal_before=o.signal_before, requeue=o.requeue,
         sbatch_args=tuple(o.sbatch_arg or ()), encode_args=tuple(encode_args),
         generated=timestamp())
-    _check_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
+    parse_encode_args(ctx, [*opts.manifests, "--out", opts.out, "--model", opts.model,
                              "--task-count", str(opts.tasks), "--task-index", "0", *encode_args])
+    secrets = secret_storage_options(encode_args)
+    if secrets:
+        raise fail(f"--storage-option {', '.join(secrets)} would write a secret into the script: give the "
+                   "tasks their credentials through the store's own chain (environment, profile, role)",
+                   ExitCode.USAGE)
     return opts
 
 

@@ -48,6 +48,40 @@ class ImageInput:
 REDUCED = "mmenc_reduced"
 
 
+class DecodeAhead(ABC):
+    """One batch's JPEGs being decoded on the device (`DeviceDecoder.start`)."""
+
+    #: seconds the decode of this batch took on its thread (known once `wait` returned)
+    seconds: float = 0.0
+
+    @abstractmethod
+    def done(self) -> bool:
+        """True once `wait` would not block."""
+
+    @abstractmethod
+    def wait(self) -> list[ImageInput | None]:
+        """Each payload decoded and preprocessed on the device (one not a JPEG: as it was), or None
+        where the device refused it (the workers decode it then); ready for the next forward of
+        the calling thread. A sticky device error raises `DeviceError`."""
+
+
+class DeviceDecoder(ABC):
+    """`--decode gpu`: decodes the JPEG payloads of a batch (`meta["jpeg"]`, encoded bytes) on the
+    model's device and preprocesses them there, off the calling thread, so the next batch decodes
+    while the current one's forward runs."""
+
+    @abstractmethod
+    def start(self, payloads: list[ImageInput]) -> DecodeAhead:
+        """Begin decoding `payloads`; batches are decoded in the order they are started."""
+
+    def __call__(self, payloads: list[ImageInput]) -> list[ImageInput | None]:
+        """Decode `payloads` and wait for them."""
+        return self.start(payloads).wait()
+
+    def close(self) -> None:
+        """Stop the decoding thread (after what was started is done)."""
+
+
 class ImagePreprocessor(ABC):
     """Runs in worker processes: RGB PIL image -> `ImageInput`. Must be picklable, hold no tensors."""
 
@@ -180,11 +214,15 @@ class Encoder(ABC):
         """Seconds the accelerator spent in forward passes so far; None where not measured."""
         return None
 
-    def image_device_decoder(self) -> Callable[[list[ImageInput]], list[ImageInput | None]] | None:
-        """`--decode gpu`: a function that decodes the JPEG payloads of a batch (`meta["jpeg"]`,
-        encoded bytes) on the model's device and preprocesses them there, returning each payload
-        decoded (or as it was, when it was not a JPEG) or None where the decoder refused it. None:
-        this model's preprocessing cannot run on the device."""
+    def image_device_decoder(self) -> "DeviceDecoder | None":
+        """`--decode gpu`: a `DeviceDecoder` for this model's images; None: this model's
+        preprocessing cannot run on the device."""
+        return None
+
+    def default_batch_size(self, modalities: Sequence[str]) -> int | None:
+        """The batch size for a run of `modalities` when `--batch-size` is not given, chosen for
+        this model on its device (on CUDA by a short probe of forwards); None: no choice of its own
+        (`config.DEFAULT_BATCH_SIZE` holds)."""
         return None
 
     def forward_summary(self) -> dict[str, Any] | None:

@@ -105,9 +105,7 @@ def on_side_stream(device: str, work: Callable[[], list[Any]]) -> list[Any]:
     import torch
 
     current = torch.cuda.current_stream(device)
-    side = _SIDE_STREAMS.get(device)
-    if side is None:
-        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
+    side = side_stream(device)
     with torch.cuda.stream(side):
         out = work()
     current.wait_stream(side)
@@ -115,6 +113,18 @@ def on_side_stream(device: str, work: Callable[[], list[Any]]) -> list[Any]:
         if tensor is not None:
             tensor.record_stream(current)
     return out
+
+
+def side_stream(device: str, purpose: str = "copy") -> Any:
+    """`device`'s stream for `purpose`, made on first use: "copy" (batches copied to the device,
+    `on_side_stream`) or "decode" (`--decode gpu`'s thread), so neither waits behind the other."""
+    import torch
+
+    key = device if purpose == "copy" else f"{device} {purpose}"
+    stream = _SIDE_STREAMS.get(key)
+    if stream is None:
+        stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device=device)
+    return stream
 
 
 def to_device(tensor: "torch.Tensor", device: str) -> "torch.Tensor":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import first_line, is_out_of_memory
+from ..errors import DeviceError, first_line, is_device_fault, is_out_of_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -101,16 +101,26 @@ class ForwardTimer:
             self._pending.pop()
 
     def _collect(self, wait: bool) -> None:
+        """Add the passes the device is done with (all of them with `wait`). A sticky CUDA error
+        can first show here, where nothing else has waited for the device since it happened: it is
+        the device's, and raises `DeviceError` (the run ends as after a failed forward)."""
         keep = []
-        for begin, end in self._pending:
-            if wait or end.query():
-                end.synchronize()
-                self._done += begin.elapsed_time(end) / 1000.0
-            else:
-                keep.append((begin, end))
+        try:
+            for begin, end in self._pending:
+                if wait or end.query():
+                    end.synchronize()
+                    self._done += begin.elapsed_time(end) / 1000.0
+                else:
+                    keep.append((begin, end))
+        except Exception as exc:
+            self._pending = []  # a lost context's events never complete: not read again
+            if is_device_fault(exc):
+                raise DeviceError.of(exc, " (seen reading the forward's CUDA-event timer)") from None
+            raise
         self._pending = keep
 
     def seconds(self) -> float | None:
+        """The forward's device seconds so far; `DeviceError` when the device failed meanwhile."""
         if not self.cuda:
             return None
         self._collect(wait=True)

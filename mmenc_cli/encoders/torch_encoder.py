@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..errors import ModelLoadError, first_line
-from .base import AudioPreprocessor, EncodeOutput, Encoder, ImageInput, ImagePreprocessor
+from .base import AudioPreprocessor, DeviceDecoder, EncodeOutput, Encoder, ImageInput, ImagePreprocessor
 from .cpu import make_forward
 from .clip_batches import collate_audio, mean_of_frames
 from .device import stack_to_device, to_device
@@ -27,10 +27,14 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from ..config import ModelConfig
+    from .preprocess import PixelPreprocessor
 
 #: how images cross processes: the worker-side preprocessor and, for uint8 pixels, the
 #: [3, 256] float32 table of what the pipeline's rescale + normalize make of each value
 ImagePlan = tuple[ImagePreprocessor, "np.ndarray | None"]
+
+#: words of the batch-size probe's dummy text: a caption's or a sentence's length in tokens
+PROBE_TOKENS = 64
 
 
 class TorchEncoder(Encoder):
@@ -73,6 +77,8 @@ class TorchEncoder(Encoder):
         self._run: dict[str, Callable[[Inputs], "torch.Tensor"]] = {
             m: getattr(self, f"_embed_{m}") for m in embedded}
         self.dim = self._probe_dim()
+        self._eager = dict(self._run)  # what the batch-size probe times (a compiled forward would compile per size)
+        self._batch_probe: dict[str, Any] | None = None
         if cfg.compile:
             self._run = {m: CompiledOrEager(fn, f"{self.family} {m}") for m, fn in self._run.items()}
 
@@ -135,15 +141,13 @@ class TorchEncoder(Encoder):
             raise ValueError(f"{self.info['model']}: this model does not encode audio")
         return self._audio
 
-    def image_device_decoder(self) -> Any:
+    def image_device_decoder(self) -> "DeviceDecoder | None":
         """`--decode gpu` for the uint8 resize-and-crop path (CLIP, SigLIP, ViT, OpenCLIP, timm);
         None for a processor that runs whole in the workers."""
         from .device_decode import DeviceJpegDecoder
-        from .preprocess import PixelPreprocessor
 
-        if self._table is None or not isinstance(self._prep, PixelPreprocessor):
-            return None
-        return DeviceJpegDecoder(self._prep, self.device)
+        prep = self.device_pixels()
+        return None if prep is None else DeviceJpegDecoder(prep, self.device)
 
     def encode(self, modality: str, payloads: Sequence[Any]) -> EncodeOutput:
         """Encode images (`ImageInput`s), audio (`AudioInput`s), video (`VideoInput`s: the mean of
@@ -161,8 +165,50 @@ class TorchEncoder(Encoder):
         return self.forward.device_seconds()
 
     def forward_summary(self) -> dict[str, Any] | None:
-        """How the forward ran: `--cpu-forward` asked, streams, linears, the probes' evidence."""
-        return self.forward.summary()
+        """How the forward ran: `--cpu-forward` asked, streams, linears, the probes' evidence; on
+        CUDA without `--batch-size`, what the batch-size probe tried and chose."""
+        summary = self.forward.summary()
+        if self._batch_probe is not None:
+            summary["batch_probe"] = self._batch_probe
+        return summary
+
+    def default_batch_size(self, modalities: Sequence[str]) -> int | None:
+        """On CUDA, the batch-size probe's choice (`batch_probe.py`) for each asked modality whose
+        dummy input stands for the real ones (fixed-size images, texts of `PROBE_TOKENS`, audio
+        windows; video as its frames), the smallest of them; None elsewhere."""
+        if not str(self.device).startswith("cuda"):
+            return None
+        from .batch_probe import cuda_device, probe_batch_size
+
+        asked = {"image" if m == "video" else m for m in modalities} & set(self._eager)
+        if self.device_pixels() is None:  # variable-sized images (a VL model's grids): no dummy stands for them
+            asked.discard("image")
+        if not asked:
+            return None
+        device = cuda_device(self.device)
+        results = {m: probe_batch_size(self._probe_forward(m), device) for m in sorted(asked)}
+        self._batch_probe = {m: r.to_dict() for m, r in results.items()}
+        return min(r.chosen for r in results.values())
+
+    def device_pixels(self) -> "PixelPreprocessor | None":
+        """The worker-side preprocessor when images are fixed-size uint8 pixels resized and cropped
+        (what `--decode gpu` and the batch-size probe take), else None."""
+        from .preprocess import PixelPreprocessor
+
+        return self._prep if self._table is not None and isinstance(self._prep, PixelPreprocessor) else None
+
+    def _probe_forward(self, modality: str) -> Callable[[int], Any]:
+        """`run(n)`: the eager forward of n copies of `modality`'s dummy input, inputs made as a
+        batch's are."""
+        import torch
+
+        dummy, forward = self._dummy(modality, probe=True), self._eager[modality]
+
+        def run(n: int) -> Any:
+            with torch.inference_mode():
+                return forward(self._inputs(modality, [dummy] * n)[0])
+
+        return run
 
     def _inputs(self, modality: str, payloads: Sequence[Any]) -> tuple[Inputs, list[bool]]:
         if modality == "image":
@@ -197,16 +243,9 @@ class TorchEncoder(Encoder):
 
     def _probe_dim(self) -> int:
         """Encode one dummy item per modality: fixes `dim` and fails at startup, not at batch one."""
-        from PIL import Image
-
         dims = {}
         for modality in sorted(self._run):
-            if modality == "image":
-                dummy: Any = self._prep(Image.new("RGB", (48, 40), (120, 90, 60)))  # type: ignore[misc]
-            elif modality == "audio":
-                dummy = self._audio(np.zeros(self._audio.sample_rate, dtype=np.float32))  # type: ignore[misc]
-            else:
-                dummy = "mmenc"
+            dummy = self._dummy(modality)
             try:
                 vectors = self.encode(modality, [dummy]).vectors
             except ModelLoadError:
@@ -221,6 +260,17 @@ class TorchEncoder(Encoder):
         if len(set(dims.values())) > 1:
             raise ModelLoadError(f"{self.info['model']}: the towers' dimensions differ: {dims}")
         return next(iter(dims.values()))
+
+    def _dummy(self, modality: str, probe: bool = False) -> Any:
+        """One dummy input of `modality`: a small image, a second of silence, a short text (for the
+        batch-size probe, a text of `PROBE_TOKENS` words)."""
+        from PIL import Image
+
+        if modality == "image":
+            return self._prep(Image.new("RGB", (48, 40), (120, 90, 60)))  # type: ignore[misc]
+        if modality == "audio":
+            return self._audio(np.zeros(self._audio.sample_rate, dtype=np.float32))  # type: ignore[misc]
+        return " ".join(["x"] * PROBE_TOKENS) if probe else "mmenc"
 
 
 def _cpu_linear(path: dict[str, Any]) -> str | None:

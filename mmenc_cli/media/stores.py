@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import MediaConfig
-from ..errors import MMError, os_reason
+from ..errors import MMError, client_reason, os_reason
 from .sources import SUPPORTED_SOURCES, check_payload, check_size, describe_source, load_error
 
 #: the URL schemes read through fsspec (object stores, the Hugging Face hub, fsspec's memory store)
@@ -37,6 +37,8 @@ def read_fsspec(url: str, cfg: MediaConfig) -> bytes:
             data = fh.read(cfg.max_file_bytes + 1)
     except OSError as exc:
         raise store_error(exc, found.shown) from exc
+    except Exception as exc:  # the store client's own errors, as above
+        raise load_error(f"cannot read {found.shown}: {type(exc).__name__}: {exc}", client_reason(exc), exc) from exc
     return check_payload(data, cfg, found.shown)
 
 
@@ -58,6 +60,8 @@ def store_file(url: str, cfg: MediaConfig) -> StoreFile:
         entry = fs.info(inner)
     except OSError as exc:
         raise store_error(exc, shown) from exc
+    except Exception as exc:  # the store client's own errors (no credentials, no endpoint), not OSErrors
+        raise load_error(f"cannot read {shown}: {type(exc).__name__}: {exc}", client_reason(exc), exc) from exc
     if entry.get("type") == "directory":
         raise load_error(f"{shown} is a directory, not a media file", "media.is_directory")
     size = int(entry.get("size") or 0)

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .fs import parquet_source
 from .layout import parse_shard_name
 from .outdir import OutDir
 
@@ -19,12 +20,12 @@ def shard_meta(path: Path) -> dict[str, Any]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        raw = (pq.read_schema(path).metadata or {}).get(b"mmenc")
+        with parquet_source(path) as source:
+            raw = (pq.read_schema(source).metadata or {}).get(b"mmenc")
         return json.loads(raw) if raw else {}
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="numpy") as fh:
-        raw = (fh.metadata() or {}).get("mmenc")
+    with path.open("rb") as fh:  # the safetensors header: 8 bytes of length, then JSON
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    raw = (header.get("__metadata__") or {}).get("mmenc")
     return json.loads(raw) if raw else {}
 
 
@@ -38,7 +39,7 @@ def read_safetensors_np(path: Path, keys: Any = None) -> dict[str, np.ndarray]:
     `safetensors.numpy` refuses bfloat16 since numpy has no such type; this reads the header
     (8-byte little-endian length + JSON) and the raw bytes itself.
     """
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:  # a local path, or an object in a store
         size = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(size))
         base = 8 + size
@@ -65,7 +66,8 @@ def read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str]
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path, columns=["id", "modality", "embedding"])
+        with parquet_source(path) as source:
+            table = pq.read_table(source, columns=["id", "modality", "embedding"])
         mods = table.column("modality").to_pylist()
         ids = table.column("id").to_pylist()
         emb = table.column("embedding").combine_chunks()
@@ -79,7 +81,8 @@ def read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str]
         return ids, mods, matrix
     import pyarrow.parquet as pq
 
-    side = pq.read_table(out.sidecar_path(path.name))
+    with parquet_source(out.sidecar_path(path.name)) as source:
+        side = pq.read_table(source)
     ids = side.column("id").to_pylist()
     mods = side.column("modality").to_pylist()
     rows = side.column("row").to_pylist()
@@ -132,14 +135,13 @@ def is_token_shard(od: OutDir, shard: Path) -> bool:
 
 def check_token_shard(od: OutDir, shard: Path, facts: dict[str, Any]) -> tuple[list[str], list[str], int | None]:
     """Check a token shard against its index (keys, shapes, dtype) without loading tensors."""
-    import pyarrow.parquet as pq
     from safetensors import safe_open
 
-    rows = pq.read_table(_token_index(od, shard)).to_pylist()
+    rows = _table(_token_index(od, shard)).to_pylist()
     dims = {r["dim"] for r in rows}
     if len(dims) > 1:
         raise ValueError(f"token dims differ within the shard: {sorted(dims)}")
-    with safe_open(str(shard), framework="numpy") as fh:
+    with od.fs.local_copy(shard) as local, safe_open(str(local), framework="numpy") as fh:
         keys = set(fh.keys())
         for r in rows:
             if r["key"] not in keys:
@@ -152,30 +154,36 @@ def check_token_shard(od: OutDir, shard: Path, facts: dict[str, Any]) -> tuple[l
     return [r["id"] for r in rows], [r["modality"] for r in rows], (dims.pop() if dims else facts.get("dim"))
 
 
-def _load_tensor(shard: Path, key: str, framework: str) -> Any:
+def _load_tensor(od: OutDir, shard: Path, key: str, framework: str) -> Any:
     if framework == "numpy":
         return read_safetensors_np(shard, [key])[key]
     from safetensors import safe_open
 
-    with safe_open(str(shard), framework=framework) as fh:
+    with od.fs.local_copy(shard) as local, safe_open(str(local), framework=framework) as fh:
         return fh.get_tensor(key)
+
+
+def _table(path: Any, columns: list[str] | None = None) -> Any:
+    """A Parquet file (a local one or an object in a store) as an Arrow table."""
+    import pyarrow.parquet as pq
+
+    with parquet_source(path) as source:
+        return pq.read_table(source, columns=columns)
 
 
 def iter_token_embeddings(out: str | Path, modality: str | None = "image",
                           framework: str = "np") -> Iterator[TokenEmbedding]:
     """Every item of a `--pooling tokens` output, shard by shard (`framework`: "np" or "pt")."""
-    import pyarrow.parquet as pq
-
     fw = {"np": "numpy", "numpy": "numpy", "pt": "pt", "torch": "pt"}[framework]
     od = OutDir(out)
     for shard in od.shards(".safetensors"):
         if not is_token_shard(od, shard):
             continue
-        for row in pq.read_table(_token_index(od, shard)).to_pylist():
+        for row in _table(_token_index(od, shard)).to_pylist():
             if modality is not None and row["modality"] != modality:
                 continue
             grid = row.get("image_grid_thw")
-            yield TokenEmbedding(row["id"], row["modality"], _load_tensor(shard, row["key"], fw),
+            yield TokenEmbedding(row["id"], row["modality"], _load_tensor(od, shard, row["key"], fw),
                                  tuple(int(x) for x in grid) if grid is not None else None, row)
 
 
@@ -186,17 +194,16 @@ def read_token_embedding(out: str | Path, id: str, modality: str = "image",
     Raises KeyError when the output holds no such item.
     """
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     fw = {"np": "numpy", "numpy": "numpy", "pt": "pt", "torch": "pt"}[framework]
     od = OutDir(out)
     for shard in od.shards(".safetensors"):
         if not is_token_shard(od, shard):
             continue
-        table = pq.read_table(_token_index(od, shard), columns=["id", "modality", "key", "image_grid_thw"])
+        table = _table(_token_index(od, shard), ["id", "modality", "key", "image_grid_thw"])
         hit = table.filter(pc.and_(pc.equal(table["id"], id), pc.equal(table["modality"], modality)))
         if hit.num_rows:
             row = hit.to_pylist()[0]
             grid = row.get("image_grid_thw")
-            return _load_tensor(shard, row["key"], fw), (tuple(int(x) for x in grid) if grid is not None else None)
+            return _load_tensor(od, shard, row["key"], fw), (tuple(int(x) for x in grid) if grid is not None else None)
     raise KeyError(f"no {modality} token embedding with id {id!r} in {od.root}")

@@ -1,17 +1,20 @@
-"""The filesystem an output lives on. `LocalFS` is a POSIX folder: a file is published by writing a
-temp file beside its final name, fsyncing it, renaming it into place and fsyncing the folder, so a
-reader sees the old file or the new one, never part of one, and a crash leaves no torn file.
+"""The filesystem an output lives on: a local folder (`LocalFS`) or an object store (`StoreFS`,
+`stores.py`). An output's code reaches its storage only through these few operations.
 
-An output's code reaches the disk only through these few operations, so another backend (an
-object store, where nothing is renamed or appended) can stand in for this one.
+`LocalFS` is a POSIX folder: a file is published by writing a temp file beside its final name,
+fsyncing it, renaming it into place and fsyncing the folder, so a reader sees the old file or the
+new one, never part of one, and a crash leaves no torn file; `create` (publish unless the name
+exists) links the staged file into place, which fails when another process was first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..errors import OutputError
 
@@ -93,21 +96,66 @@ class LocalFS:
             if sync:
                 os.fsync(fh.fileno())
 
+    #: a local folder renames and appends; an object store does neither
+    appends = True
+    url = False
+
+    def listdir(self, folder: Any) -> list[tuple[str, int, bool]]:
+        """(name, size, is_dir) of each entry of `folder` (empty when it does not exist)."""
+        try:
+            with os.scandir(folder) as it:
+                return [(e.name, e.stat().st_size if e.is_file() else 0, e.is_dir()) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def remove(self, path: Any) -> None:
+        Path(path).unlink(missing_ok=True)
+
+    def remove_tree(self, folder: Any) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def read_many(self, paths: list[Any]) -> Iterator[bytes | None]:
+        """Each file's bytes (None when missing or unreadable), in order, read as they are asked for."""
+        for path in paths:
+            try:
+                yield Path(path).read_bytes()
+            except OSError:
+                yield None
+
+    def reader(self, path: Any) -> Any:
+        """What pyarrow and safetensors read a file through: its path."""
+        return str(path)
+
+    def local_copy(self, path: Any) -> contextlib.AbstractContextManager[Path]:
+        """The file as a local path (it is one already)."""
+        return contextlib.nullcontext(Path(path))
+
 
 LOCAL = LocalFS()
 
 
-def publish_json(path: Path, data: Any, fs: LocalFS = LOCAL) -> None:
+def publish_json(path: Any, data: Any, fs: Any = LOCAL) -> None:
     """Publish a JSON document (indented, sorted keys)."""
     fs.publish(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8"))
 
 
-def read_json(path: Path) -> Any | None:
-    """Read a JSON file; None when absent or unreadable."""
+@contextlib.contextmanager
+def parquet_source(path: Any) -> Iterator[Any]:
+    """What pyarrow reads a Parquet file through: a local file by its name (pyarrow's own reader;
+    one read through a Python file object can make pyarrow abort at interpreter shutdown), an
+    object in a store as a file object."""
+    if isinstance(path, Path):
+        yield str(path)
+        return
+    with path.open("rb") as fh:
+        yield fh
+
+
+def read_json(path: Any) -> Any | None:
+    """Read a JSON file (a local path or a store's); None when absent or unreadable."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (FileNotFoundError, json.JSONDecodeError):
+        return json.loads(path.read_bytes())
+    except (FileNotFoundError, ValueError):
         return None
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -44,19 +44,26 @@ def key_rows(ids: Sequence[str], modalities: Sequence[str], sources: Sequence[tu
     return rows, list(manifests)
 
 
-def encode_keys(rows: np.ndarray, manifests: list[str]) -> bytes:
-    """A key file's bytes: the magic, a JSON line (manifests, row count), the rows."""
-    head = json.dumps({"manifests": manifests, "rows": int(rows.size)}, ensure_ascii=True).encode() + b"\n"
-    return MAGIC + head + rows.astype(ROW, copy=False).tobytes()
+def encode_keys(rows: np.ndarray, manifests: list[str], size: int | None = None) -> bytes:
+    """A key file's bytes: the magic, a JSON line (manifests, row count, the shard's size in bytes
+    when known), the rows."""
+    head = {"manifests": manifests, "rows": int(rows.size), **({"bytes": size} if size is not None else {})}
+    return MAGIC + json.dumps(head, ensure_ascii=True).encode() + b"\n" + rows.astype(ROW, copy=False).tobytes()
 
 
-def read_keys(path: Path) -> tuple[np.ndarray, list[str]] | None:
-    """A key file's rows and manifests; None when it is missing or not whole."""
+def read_keys(path: Any) -> tuple[np.ndarray, list[str], int | None] | None:
+    """A key file's rows, manifests and the size of its shard at commit (None when not
+    recorded); None when the file is missing or not whole."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    if not data.startswith(MAGIC):
+    return parse_keys(data)
+
+
+def parse_keys(data: bytes | None) -> tuple[np.ndarray, list[str], int | None] | None:
+    """`read_keys` of a key file's bytes (None: missing)."""
+    if data is None or not data.startswith(MAGIC):
         return None
     end = data.find(b"\n", len(MAGIC))
     try:
@@ -66,7 +73,8 @@ def read_keys(path: Path) -> tuple[np.ndarray, list[str]] | None:
         return None
     if rows.size != head.get("rows"):
         return None
-    return rows, list(head.get("manifests") or [])
+    size = head.get("bytes")
+    return rows, list(head.get("manifests") or []), int(size) if isinstance(size, int) else None
 
 
 @dataclass
@@ -118,7 +126,7 @@ class CommittedKeys:
         name = self.shards[shard].name
         loaded = read_keys(self.key_paths[shard])
         if loaded is not None:
-            rows, manifests = loaded
+            rows, manifests, _ = loaded
             hit = rows[rows["src"] == np.uint64(source)]
             if hit.size and int(hit["man"][0]) < len(manifests):
                 return manifests[int(hit["man"][0])], int(hit["off"][0]), name
@@ -133,10 +141,10 @@ class CommittedKeys:
         return np.unique(pairs[1:, 0][pairs[1:, 0] == pairs[:-1, 0]]).astype(np.uint64)
 
 
-def write_keys(out: OutDir, shard: str, rows: np.ndarray, manifests: list[str]) -> None:
-    """Write a shard's key file, whole, before the shard is committed (OSError: a fault of the
-    output, as the shard's own write would be)."""
-    out.fs.publish(out.keys_path(shard), encode_keys(rows, manifests))
+def write_keys(out: OutDir, shard: str, rows: np.ndarray, manifests: list[str], size: int | None = None) -> None:
+    """Write a shard's key file (after the shard: a shard without one is read the old way), with
+    the shard's size to check it by (OSError: a fault of the output)."""
+    out.fs.publish(out.keys_path(shard), encode_keys(rows, manifests, size))
 
 
 def load_committed(out: OutDir, fill: bool = False, damaged: list[str] | None = None) -> CommittedKeys:
@@ -145,21 +153,23 @@ def load_committed(out: OutDir, fill: bool = False, damaged: list[str] | None = 
 
 
 def iter_key_rows(out: OutDir, fill: bool = False,
-                  damaged: list[str] | None = None) -> Iterator[tuple[Path, Path, np.ndarray]]:
+                  damaged: list[str] | None = None) -> Iterator[tuple[Any, Any, np.ndarray]]:
     """(shard, key file, key rows) of every committed shard, from the key files; a shard without
     one is read the old way (its sources unknown) and, with `fill`, given one so the next run
-    reads it the new way. Shards themselves are not opened: one whose size differs from the size
-    its shard log recorded at commit (truncated, replaced) is damaged. A damaged shard raises
-    `OutputError`, or with `damaged` is named there and left out."""
+    reads it the new way. Shards themselves are not opened (one listing gives their sizes): one
+    whose size differs from the size its key file (or, in an older output, its shard log)
+    recorded at commit is damaged: it raises `OutputError`, or with `damaged` is named there and
+    left out."""
     from .shardlog import read_logs
 
-    sizes = {name: entry.get("bytes") for entries in read_logs(out).values() for name, entry in entries.items()}
-    for shard in out.shards():
-        path = out.keys_path(shard.name)
-        loaded = read_keys(path)
-        if loaded is not None and sizes.get(shard.name) not in (None, shard.stat().st_size):
-            problem = damaged_shard(shard, ValueError(f"{shard.stat().st_size} bytes, committed with "
-                                                      f"{sizes[shard.name]}"))
+    logged = {name: entry.get("bytes") for entries in read_logs(out).values() for name, entry in entries.items()}
+    entries = out.shard_entries()
+    paths = [out.keys_path(shard.name) for shard, _ in entries]
+    for (shard, size), path, data in zip(entries, paths, out.fs.read_many(paths)):
+        loaded = parse_keys(data)
+        expected = (loaded[2] if loaded is not None and loaded[2] is not None else logged.get(shard.name))
+        if loaded is not None and expected not in (None, size):
+            problem = damaged_shard(shard, ValueError(f"{size} bytes, committed with {expected}"))
             if damaged is None:
                 raise OutputError(problem)
             damaged.append(problem)
@@ -168,10 +178,11 @@ def iter_key_rows(out: OutDir, fill: bool = False,
             found = shard_keys(out, shard, damaged)
             if found is None:
                 continue
-            loaded = key_rows(*found, None)
+            rows, manifests = key_rows(*found, None)
             if fill:
                 try:
-                    write_keys(out, shard.name, *loaded)
+                    write_keys(out, shard.name, rows, manifests, size)
                 except OSError:  # a read-only output still resumes, the old way
                     pass
+            loaded = rows, manifests, size
         yield shard, path, loaded[0]

@@ -36,7 +36,7 @@ SIDE_EXT, LEGACY_SIDE_EXT = ".pq", ".parquet"
 
 _SHARD_RE = re.compile(r"^part-t(\d{5,})-w(\d{2,})-(\d{6,})\.(parquet|safetensors)$")
 _LOG_RE = re.compile(r"^shards-t(\d{5,})-w(\d{2,})\.jsonl$")
-_REPORT_RE = re.compile(r"^errors-t(\d{5,})-w(\d{2,})\.jsonl$")
+_REPORT_RE = re.compile(r"^errors-t(\d{5,})-w(\d{2,})(?:-\d{6,}-[0-9a-f]+-\d+)?\.jsonl$")
 _TASK_META_RE = re.compile(r"^task-(\d{5,})\.json$")
 _LOCK_RE = re.compile(r"^task-(\d{5,})\.lock$")
 
@@ -88,6 +88,12 @@ def parse_log_name(name: str) -> tuple[int, int] | None:
 
 def report_name(task: int, worker: int) -> str:
     return f"errors-t{task:05d}-w{worker:02d}.jsonl"
+
+
+def report_part_name(task: int, worker: int, seq: int, runner: str, k: int) -> str:
+    """A part of the error report in an object store: named after the shard it accompanies (the
+    task's `seq`-th), the runner that wrote it and its place among that runner's parts."""
+    return f"errors-t{task:05d}-w{worker:02d}-{seq:06d}-{runner}-{k}.jsonl"
 
 
 def parse_report_name(name: str) -> tuple[int, int] | None:

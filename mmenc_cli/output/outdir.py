@@ -12,11 +12,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import OutputError
+from ..errors import LockBusy, OutputError
 from . import layout
-from .fs import LOCAL, Content, LocalFS, fsync_dir, metadata_fault, publish_json, read_json
+from .fs import LOCAL, Content, fsync_dir, metadata_fault, parquet_source, publish_json, read_json
 from .layout import META, SHARD_EXTS, ShardName, parse_shard_name, shard_name
 from .locks import TaskLock
+from .lease import alive as lease_alive
+from .objectstore import StoreFS, is_store, local_root, open_root
 
 __all__ = ["META", "SHARD_EXTS", "OutDir", "ShardName", "damaged_shard", "fsync_dir", "iter_shard_keys",
            "metadata_fault", "parse_shard_name", "read_json", "shard_keys", "shard_name", "write_bytes_atomic",
@@ -34,12 +36,29 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 class OutDir:
-    """Paths and operations on one output folder, on a filesystem (`LocalFS`: a POSIX folder)."""
+    """Paths and operations on one output folder: a local folder (`LocalFS`) or a prefix in an
+    object store (`objectstore.StoreFS`, when `root` is a URL). Paths are `pathlib.Path`s, or
+    `upath.UPath`s in a store; `storage_options` go to the store's fsspec filesystem."""
 
-    def __init__(self, root: str | Path, fs: LocalFS = LOCAL) -> None:
-        self.root = Path(root).expanduser().absolute()
+    def __init__(self, root: str | Path, storage_options: dict[str, str] | None = None) -> None:
+        root = str(root)
+        if is_store(root):
+            self.root: Any = open_root(root, storage_options)
+            self.fs: Any = StoreFS(self.root.fs)
+        else:
+            self.root = Path(local_root(root)).expanduser().absolute()
+            self.fs = LOCAL
         self.meta = self.root / META
-        self.fs = fs
+
+    @property
+    def in_store(self) -> bool:
+        """Whether the output lives in an object store (no rename, no append, no lock)."""
+        return bool(self.fs.url)
+
+    def close(self) -> None:
+        """Drop a store's local staging folder (a local output holds nothing)."""
+        if self.in_store:
+            self.fs.close()
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -67,6 +86,10 @@ class OutDir:
         """The Parquet index of a token shard (ids, grids, sizes, kept fields)."""
         return self._side_file("index", shard)
 
+    def key_paths(self) -> list[Any]:
+        """Every key file (one per committed shard)."""
+        return sorted(p for p in self._list("keys") if p.name.endswith(".keys"))
+
     def keys_path(self, shard: str) -> Path:
         """The key file of a shard (`keys.py`): its (id, modality) hashes and sources."""
         return self.meta / "keys" / layout.keys_name(shard)
@@ -91,14 +114,24 @@ class OutDir:
         return sorted((tw, p) for p in self._list("tasks") if (tw := layout.parse_log_name(p.name)) is not None)
 
     @property
+    def local_home(self) -> Path:
+        """Where the files Slurm itself reads or writes go (scripts, task logs): the output's
+        `_mmenc` folder, or for an output in a store (which Slurm cannot read) the local folder
+        `./mmenc-slurm/<bucket>_<prefix>`."""
+        if not self.in_store:
+            return self.meta
+        name = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(self.root).split("://", 1)[-1])
+        return Path.cwd() / "mmenc-slurm" / name.strip("_")[:120]
+
+    @property
     def slurm_dir(self) -> Path:
         """Where `mmenc slurm` writes sbatch scripts."""
-        return self.meta / "slurm"
+        return self.local_home / "slurm"
 
     @property
     def logs_dir(self) -> Path:
         """Where Slurm array tasks log by default."""
-        return self.meta / "logs"
+        return self.local_home / "logs"
 
     def new_script_path(self, stamp: str) -> Path:
         """A free name for a new sbatch script in `slurm_dir` (`stamp`: when it is written)."""
@@ -112,20 +145,27 @@ class OutDir:
         scripts = [p for p in self.slurm_dir.glob("*.sbatch")] if self.slurm_dir.is_dir() else []
         return max(scripts, key=lambda p: p.stat().st_mtime) if scripts else None
 
-    def _side_file(self, folder: str, shard: str) -> Path:
+    def _side_file(self, folder: str, shard: str) -> Any:
         path = self.meta / folder / layout.side_name(shard)
+        if self.in_store:  # no output in a store was ever written with the legacy names
+            return path
         legacy = self.meta / folder / layout.side_name(shard, layout.LEGACY_SIDE_EXT)
         return legacy if not path.exists() and legacy.exists() else path
 
-    def _list(self, folder: str) -> list[Path]:
-        try:
-            return [Path(e.path) for e in os.scandir(self.meta / folder)]
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+    def _list(self, folder: str) -> list[Any]:
+        base = self.meta / folder
+        return [base / name for name, _, _ in self.fs.listdir(base)]
+
+    def sizes(self) -> dict[str, int]:
+        """Size of each file at the top of OUT, by name (one listing: the shards' sizes)."""
+        return {name: size for name, size, is_dir in self.fs.listdir(self.root) if not is_dir}
 
     # ---- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Create OUT and its `_mmenc` folders; fail with OutputError when not writable."""
+        """Create OUT and its `_mmenc` folders; fail with OutputError when not writable. In a
+        store there are no folders: writing is tried when the task opens (`probe`)."""
+        if self.in_store:
+            return
         try:
             for sub in layout.FOLDERS:
                 (self.meta / sub).mkdir(parents=True, exist_ok=True)
@@ -135,6 +175,16 @@ class OutDir:
         except OSError as exc:
             raise OutputError(f"output folder {self.root} is not writable: {exc.strerror or exc}") from exc
 
+    def probe(self) -> bool:
+        """Whether the output's store refuses to create an object whose name exists (a local
+        folder does). OutputError when nothing can be written there."""
+        if not self.in_store:
+            return True
+        try:
+            return bool(self.fs.probe(self.meta))
+        except OSError as exc:
+            raise OutputError(f"output {self.root} is not writable: {exc.strerror or exc}") from exc
+
     def exists(self) -> bool:
         """True when OUT holds an mmenc output (metadata or shards)."""
         return self.run_meta_path.exists() or bool(self.shards())
@@ -142,8 +192,10 @@ class OutDir:
     def wipe(self) -> None:
         """Remove everything mmenc wrote (shards and `_mmenc`), for --overwrite; other files stay."""
         for path in self.shards():
-            path.unlink(missing_ok=True)
-        if self.meta.is_dir():
+            self.fs.remove(path)
+        if self.in_store:  # no locks live in a bucket
+            self.fs.remove_tree(self.meta)
+        elif self.meta.is_dir():
             for entry in self.meta.iterdir():
                 if entry.name == "locks":  # held by this run (and maybe others): never unlink a live lock
                     continue
@@ -156,41 +208,63 @@ class OutDir:
         """Remove this task's leftover temp files and the side files of shards never committed (a
         killed run's); other tasks' are untouched."""
         prefix, removed = layout.shard_prefix(task), 0
+        if self.in_store:
+            self.fs.abort_uploads(self.root, prefix)
         for path in self._list("tmp"):  # shards being written (and side files, as earlier mmencs staged them)
             name = path.name.lstrip(".")
             if name.split("-", 1)[1:] and name.split("-", 1)[0] in ("sidecars", "index"):
                 name = name.split("-", 1)[1]
             if name.startswith(prefix):
-                path.unlink(missing_ok=True)
+                self.fs.remove(path)
                 removed += 1
+        shards = self.sizes()
         for folder in ("sidecars", "index", "keys"):  # safetensors sidecars, token-shard indexes, key files
             for path in self._list(folder):
                 stem = path.name.split(".", 1)[0]
                 if path.name.startswith("." + prefix) and path.name.endswith(".tmp"):  # a write killed half-way
-                    path.unlink(missing_ok=True)
+                    self.fs.remove(path)
                     removed += 1
-                elif stem.startswith(prefix) and not any((self.root / (stem + ext)).exists() for ext in SHARD_EXTS):
-                    path.unlink(missing_ok=True)  # written for a shard whose rename never happened
+                elif stem.startswith(prefix) and not any(stem + ext in shards for ext in SHARD_EXTS):
+                    self.fs.remove(path)  # written for a shard that was never committed
                     removed += 1
         return removed
 
     # ---- shards -------------------------------------------------------------------------
-    def shards(self, ext: str | None = None) -> list[Path]:
+    def shards(self, ext: str | None = None) -> list[Any]:
         """Committed shards at the top of OUT, in (task, worker, sequence) order."""
-        if not self.root.is_dir():
-            return []
+        return [path for path, _ in self.shard_entries(ext)]
+
+    def shard_entries(self, ext: str | None = None) -> list[tuple[Any, int]]:
+        """(path, size) of the committed shards, in (task, worker, sequence) order: one listing."""
         out = []
-        for entry in os.scandir(self.root):
-            parsed = parse_shard_name(entry.name)
-            if parsed and (ext is None or parsed.ext == ext.lstrip(".")):
-                out.append(((parsed.task, parsed.worker, parsed.seq, parsed.ext), Path(entry.path)))
-        return [path for _, path in sorted(out)]
+        for name, size, is_dir in self.fs.listdir(self.root):
+            parsed = parse_shard_name(name)
+            if parsed and not is_dir and (ext is None or parsed.ext == ext.lstrip(".")):
+                out.append(((parsed.task, parsed.worker, parsed.seq, parsed.ext), self.root / name, size))
+        return [(path, size) for _, path, size in sorted(out)]
 
     def next_seq(self, task: int, worker: int) -> int:
         """The next free shard sequence number for (task, worker)."""
         seqs = [p.seq for p in (parse_shard_name(s.name) for s in self.shards())
                 if p and p.task == task and p.worker == worker]
         return max(seqs) + 1 if seqs else 0
+
+    def size_of(self, path: Any) -> int:
+        """A file's size in bytes."""
+        return int(path.stat().st_size)
+
+    def busy_tasks(self, own: int) -> list[int]:
+        """The other tasks a live run holds (an flock locally; a fresh heartbeat in a store)."""
+        if self.in_store:
+            return [t for t, path in self.task_meta_paths() if t != own and lease_alive(read_json(path))]
+        return [t for t, path in self.lock_paths() if t != own and TaskLock(path).is_held()]
+
+    def task_running(self, task: int, record: Any) -> bool:
+        """Whether a live run holds `task` now (`record`: its metadata; one file per device worker
+        locally names the lock by its stem)."""
+        if self.in_store:
+            return lease_alive(record)
+        return TaskLock(self.lock_path(task)).is_held()
 
     def check_new(self, name: str) -> None:
         """Refuse a shard name already committed (two processes sharing a task and worker), before
@@ -199,17 +273,37 @@ class OutDir:
             raise OutputError(f"shard {name} already exists: two processes share a task and worker")
 
     def publish_shard(self, name: str, content: Content) -> Path:
-        """Write a shard under a temp name, fsync it and make it visible under `name` (the commit)."""
+        """Write a shard and make it visible under `name`: the commit. Locally a temp file,
+        fsynced and renamed; in a store an object created only if the name is free (ShardTaken
+        when another runner committed it first: the create is the check)."""
+        if self.in_store:
+            if not self.fs.create(self.root / name, content):
+                raise ShardTaken(name)
+            return self.root / name
         self.check_new(name)
         return self.fs.publish(self.root / name, content, tmp=self.tmp_path(name))
 
     def publish_shard_files(self, name: str, files: Any) -> Path:
-        """A shard's files (`writers.ShardFiles`): its side files first, then the shard (the commit)."""
-        self.check_new(name)  # before any side file: a refused shard must not replace another's
-        for content, path in ((files.sidecar, self.sidecar_path), (files.index, self.index_path)):
-            if content is not None:
-                self.fs.publish(path(name), content)
-        return self.publish_shard(name, files.shard)
+        """A shard's files (`writers.ShardFiles`): its side files first, then the shard (the
+        commit). In a store the side files too are created only if their names are free: of two
+        runners of one task, the second stops at the first name the first has taken."""
+        if not self.in_store:  # before any side file: a refused shard must not replace another's
+            self.check_new(name)  # (in a store each side file's exclusive create checks its name)
+        written = []
+        try:
+            for content, path in ((files.sidecar, self.sidecar_path), (files.index, self.index_path)):
+                if content is None:
+                    continue
+                if not self.in_store:
+                    self.fs.publish(path(name), content)
+                elif not self.fs.create(path(name), content):
+                    raise ShardTaken(name)
+                written.append(path(name))
+            return self.publish_shard(name, files.shard)
+        except ShardTaken:
+            for path in written:  # ours, for a name another runner took: nothing of it stays
+                self.fs.remove(path)
+            raise
 
     # ---- metadata -----------------------------------------------------------------------
     def read_run_meta(self) -> dict[str, Any] | None:
@@ -241,6 +335,16 @@ class OutDir:
         return lock
 
 
+class ShardTaken(LockBusy):
+    """A shard name another runner of the same task committed first: this runner stops (exit 75),
+    leaving nothing of that shard."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"shard {name} was committed by another runner of this task: that runner goes on, "
+                         "this one stops")
+        self.name = name
+
+
 def json_text(data: Any) -> str:
     import json
 
@@ -267,7 +371,8 @@ def shard_keys(out: OutDir, shard: Path, damaged: list[str] | None = None) -> tu
     if shard.suffix != ".parquet" and index.exists():
         source = index
     try:
-        table = pq.read_table(source, columns=["id", "modality"])
+        with parquet_source(source) as read_from:
+            table = pq.read_table(read_from, columns=["id", "modality"])
     except Exception as exc:  # pyarrow raises several types for a damaged or foreign file
         problem = damaged_shard(shard, exc)
         if damaged is None:

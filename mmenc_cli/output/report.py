@@ -1,8 +1,12 @@
-"""The error report: JSON lines under `OUT/_mmenc/errors/`, one file per task and worker.
+"""The error report: JSON lines under `OUT/_mmenc/errors/`.
 
-Writing (`ErrorReportWriter`, the encode loop's failure path): rows are appended and flushed, and
-fsynced at each shard commit and at the end, so a committed shard's failures are never lost and a
-kill loses at most rows that were not flushed (their items are simply tried again). Reading:
+Writing, on the encode loop's failure path. In a local folder (`ErrorReportWriter`), one file per
+task and worker: rows are appended and flushed, and fsynced at each shard commit and at the end,
+so a committed shard's failures are never lost. In an object store (`PartReportWriter`), where
+nothing is appended, rows are written as part objects named after the shard they accompany, each
+created once: at each commit, at the end, and at least every `PART_EVERY_S` seconds while only
+failures happen; a kill loses at most the rows of the last seconds, whose items are simply tried
+again (a re-run reports none twice: the errors commands keep each item's latest row). Reading:
 `iter_error_records` gives the raw rows of many reports (what a resume and `mmenc errors` read);
 lines that were never valid rows (modality null) are keyed by manifest and `row_locator`.
 """
@@ -12,8 +16,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import OutputError
 from ..records import ErrorRecord
@@ -89,6 +94,50 @@ class ErrorReportWriter:
         self.close()
 
 
+#: while rows wait and no shard commits, a part is written at least this often
+PART_EVERY_S = 30.0
+
+
+class PartReportWriter:
+    """The error report of one (task, worker) in an object store (see the module docstring)."""
+
+    def __init__(self, fs: Any, folder: Any, name: Callable[[int], str]) -> None:
+        self.fs, self.folder, self.name = fs, folder, name  # name(k): the k-th part's object name
+        self.count, self.broken, self.parts = 0, False, 0
+        self._rows: list[str] = []
+        self._since = 0.0
+
+    def write(self, record: ErrorRecord) -> None:
+        """Keep one row for the next part (written when a part is due)."""
+        if not self._rows:
+            self._since = time.monotonic()
+        self._rows.append(record.to_json() + "\n")
+        self.count += 1
+        if time.monotonic() - self._since >= PART_EVERY_S:
+            self.sync()
+
+    def sync(self) -> None:
+        """Write the rows kept as one part object (nothing when there are none)."""
+        if not self._rows:
+            return
+        path = self.folder / self.name(self.parts)
+        try:
+            self.fs.publish(path, "".join(self._rows).encode("ascii"))
+        except OSError as exc:
+            self.broken = True
+            raise OutputError(f"cannot write the error report {path}: {exc.strerror or exc}; fix the store's "
+                              "permissions, then run the same command") from exc
+        self.parts += 1
+        self._rows.clear()
+
+    def close(self) -> None:
+        self.sync()
+
+    def discard(self) -> None:
+        """Drop the rows kept (a runner that lost its task to another: that one reports them)."""
+        self._rows.clear()
+
+
 def cut_torn_tail(path: Path) -> int:
     """Cut a last line that has no newline (a row the writer could not finish) off a report;
     return the bytes removed."""
@@ -120,7 +169,7 @@ def iter_error_records(paths: Iterable[Path], damaged: list[str] | None = None) 
     `damaged` is given, named there."""
     for path in paths:
         try:
-            fh = open(path, "rb")
+            fh = path.open("rb")  # a local path or a store's (a `upath.UPath`)
         except FileNotFoundError:
             continue
         with fh:

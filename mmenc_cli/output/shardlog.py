@@ -21,9 +21,9 @@ from .outdir import OutDir, metadata_fault, parse_shard_name
 log = logging.getLogger("mmenc")
 
 
-def log_commit(out: OutDir, task: int, worker: int, shard: Path, rows: int) -> None:
+def log_commit(out: OutDir, task: int, worker: int, shard: Path, rows: int, size: int) -> None:
     """Append one committed shard to its (task, worker) log, durably."""
-    line = json.dumps({"name": shard.name, "rows": rows, "bytes": shard.stat().st_size}) + "\n"
+    line = json.dumps({"name": shard.name, "rows": rows, "bytes": size}) + "\n"
     path = out.shard_log_path(task, worker)
     try:
         out.fs.append(path, line.encode("ascii"))
@@ -40,7 +40,8 @@ def _rows(out: OutDir, shard: Path) -> int | None:
         index = out.index_path(shard.name)
         source = index if index.exists() else out.sidecar_path(shard.name)
     try:
-        return int(pq.ParquetFile(source).metadata.num_rows)
+        with source.open("rb") as fh:
+            return int(pq.ParquetFile(fh).metadata.num_rows)
     except Exception:  # counted when readable; a damaged shard is the readers' finding
         return None
 
@@ -61,9 +62,14 @@ def read_logs(out: OutDir, damaged: list[str] | None = None) -> dict[tuple[int, 
 
 
 def missing_shards(out: OutDir) -> list[str]:
-    """Shards a log lists as committed that are not in OUT."""
+    """Shards a log lists as committed that are not in OUT (in a store, where nothing is logged:
+    shards whose key file, written after the shard, is there without it)."""
     present = {p.name for p in out.shards()}
+    if out.in_store:
+        stems = {name.split(".", 1)[0] for name in present}
+        return sorted(k.name for k in out.key_paths() if k.name.split(".", 1)[0] not in stems)
     return sorted(name for entries in read_logs(out).values() for name in entries if name not in present)
+
 
 
 def reconcile(out: OutDir, task: int) -> list[str]:

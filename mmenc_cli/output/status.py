@@ -35,7 +35,6 @@ from .damage import missing_shard_problems, run_meta_problem, task_meta_problems
 from .fs import read_json
 from .keys import UNKNOWN, iter_key_rows
 from .layout import parse_shard_name
-from .locks import TaskLock
 from .outdir import OutDir, iter_shard_keys
 
 DONE = "done"
@@ -189,7 +188,7 @@ def _judge(ts: TaskStatus, group: list[tuple[int, float, dict[str, Any]]], od: O
     ts.host, ts.updated = newest.get("host"), newest.get("updated")
     states = [m.get("state") or MISSING for _, _, m in group]
     ts.state = DONE if all(s == DONE for s in states) else next(s for s in states if s != DONE)
-    held = [lid for lid, _, m in group if m.get("state") == "running" and TaskLock(od.lock_path(lid)).is_held()]
+    held = [lid for lid, _, m in group if m.get("state") == "running" and od.task_running(lid, m)]
     ts.running = bool(held)
     if ts.task >= task_count:
         return

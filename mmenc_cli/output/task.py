@@ -18,19 +18,21 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from ..errors import OutputError
+from ..errors import LockBusy, OutputError
 from ..stopping import Interrupted, interruptible
 from .outdir import OutDir
 from .fs import read_json
 from .history import History, load_history
 from .keys import key_rows, write_keys
-from .layout import shard_name
+from .layout import report_part_name, shard_name
+from .lease import Lease
 from .locks import TaskLock
 from ..records import ErrorRecord
-from .report import ErrorReportWriter
+from .report import ErrorReportWriter, PartReportWriter
 from .shardlog import log_commit, reconcile
 
 log = logging.getLogger("mmenc")
@@ -54,7 +56,9 @@ class Admission(Protocol):
 
 @dataclass(frozen=True)
 class TaskRequest:
-    """What opening a task needs from the run. `meta()` gives the task's record while it runs."""
+    """What opening a task needs from the run. `meta()` gives the task's record while it runs;
+    `storage_options` go to an object store's filesystem; `single_writer`: the scheduler runs one
+    runner per task, so a store without exclusive create may be used."""
 
     root: str
     task: int
@@ -65,6 +69,8 @@ class TaskRequest:
     stop: Any = None
     admission: Admission | None = None
     meta: Callable[[], dict[str, Any]] | None = None
+    storage_options: dict[str, str] | None = None
+    single_writer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,70 +84,91 @@ class Committed:
 
 class TaskOutput:
     """An open task: what it may write and what it read. `interrupted` when a stop request came
-    before the task was ready (it holds no facts or history then)."""
+    before the task was ready (it holds no facts or history then). Its claim on the task is an
+    flock in a local folder, a `Lease` (a heartbeat in its record) in an object store."""
 
-    def __init__(self, out: OutDir, request: TaskRequest, lock: TaskLock | None) -> None:
-        self.out, self.request, self._lock = out, request, lock
+    def __init__(self, out: OutDir, request: TaskRequest, claim: TaskLock | Lease | None) -> None:
+        self.out, self.request, self._claim = out, request, claim
         self.root = str(out.root)
         self.facts: dict[str, Any] = {}
         self.history = History()
         self.interrupted = False
-        self.report: ErrorReportWriter | None = None
+        self.report: ErrorReportWriter | PartReportWriter | None = None
         self._seq = 0
+        self._record_lock = threading.Lock()  # the heartbeat rewrites the record the run writes
+        self._last: dict[str, Any] = {}
 
     def commit(self, shard: Any, writer: Any) -> Committed:
-        """Commit one shard (`writers.ShardData`, encoded by a `writers.ShardWriter`): its key file
-        and side files first, then the shard under its name (the commit), then the shard log. An
-        OSError is a fault of the output (`Committed.fault`: nothing more should be written);
-        anything else (a name taken, a writer's ValueError) fails this shard alone."""
+        """Commit one shard (`writers.ShardData`, encoded by a `writers.ShardWriter`): its side
+        files, then the shard under its name (the commit), then its key file and, locally, the
+        shard log. A fault of the output (`OSError`) or a name another runner of the task took
+        first (`LockBusy`) is `Committed.fault`: nothing more should be written; anything else (a
+        writer's ValueError) fails this shard alone."""
         req = self.request
         name = shard_name(req.task, req.worker, self._seq, writer.ext)
         self._seq += 1
         try:
-            self.out.check_new(name)  # before its key file: a refused shard must not replace another's
             files = writer.files(shard, name)
-            sources = [(r.manifest, r.locator, r.offset) for r in shard.refs]
-            write_keys(self.out, name, *key_rows(shard.ids, shard.modalities, sources))
             committed = self.out.publish_shard_files(name, files)
-        except OSError as exc:
+            size = self.out.size_of(committed)
+            sources = [(r.manifest, r.locator, r.offset) for r in shard.refs]
+            write_keys(self.out, name, *key_rows(shard.ids, shard.modalities, sources), size)
+        except (OSError, LockBusy) as exc:
             return Committed(name, exc, fault=True)
         except Exception as exc:  # the run turns the shard's items into error rows
             return Committed(name, exc)
-        log_commit(self.out, req.task, req.worker, committed, len(shard))  # a fault here ends the run
+        if not self.out.in_store:
+            log_commit(self.out, req.task, req.worker, committed, len(shard), size)  # a fault ends the run
         return Committed(name)
 
     def flush_report(self, records: list[ErrorRecord], sync: bool) -> None:
-        """Append error rows to the task's report; with `sync`, make the report durable."""
+        """Hand error rows to the task's report; with `sync`, make them durable."""
         assert self.report is not None
         for record in records:
             self.report.write(record)
         if sync:
             self.report.sync()
 
-    def close(self, record: dict[str, Any] | None, best_effort: bool = False) -> None:
+    def close(self, record: dict[str, Any] | None, best_effort: bool = False, lost: bool = False) -> None:
         """Close the report, write the task's `record` (its final state; None for a device worker,
-        whose parent keeps the record) and release the lock. With `best_effort`, after a fault of
-        the output, a record that cannot be written is not an error of its own."""
+        whose parent keeps the record) and release the task. With `best_effort`, after a fault of
+        the output, a record that cannot be written is not an error of its own; `lost`: another
+        runner took the task, which reports the items, so rows not written yet are dropped."""
         try:
+            if isinstance(self._claim, Lease):
+                self._claim.release()  # no heartbeat may overwrite the final record
+            if isinstance(self.report, PartReportWriter) and lost:
+                self.report.discard()
             if self.report is not None:
                 report, self.report = self.report, None
                 report.close() if not best_effort else _quietly(report.close)
             if record is not None and self.request.role != "device":
                 self._record(record) if not best_effort else _quietly(lambda: self._record(record))
         finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            if isinstance(self._claim, TaskLock):
+                self._claim.release()
+            self._claim = None
+            self.out.close()
 
     def _record(self, data: dict[str, Any]) -> None:
         """Write the task's record (`tasks/task-NNNNN.json`); a run's start keeps the state the
-        task was left in as `previous_state`."""
+        task was left in as `previous_state`; in a store the record carries the heartbeat."""
         data = {"host": platform.node(), "pid": os.getpid(), **data}
         if data.get("state") == "running":
             previous = read_json(self.out.task_meta_path(self.request.task))
             if isinstance(previous, dict):
                 data["previous_state"] = previous.get("state")
-        self.out.write_task_meta(self.request.task, data)
+        with self._record_lock:
+            self._last = data
+            if isinstance(self._claim, Lease):
+                data = self._claim.stamp(data)
+            self.out.write_task_meta(self.request.task, data)
+
+    def _beat(self) -> None:
+        """Rewrite the last record with a fresh heartbeat (the lease's background thread)."""
+        with self._record_lock:
+            if isinstance(self._claim, Lease) and self._last:
+                self.out.write_task_meta(self.request.task, self._claim.stamp(self._last))
 
 
 def _quietly(fn: Callable[[], None]) -> None:
@@ -157,39 +184,69 @@ def open_task(req: TaskRequest) -> TaskOutput:
     of the output or options that differ from the output's."""
     if req.role not in ROLES:
         raise ValueError(f"role {req.role!r} is not one of {ROLES}")
-    out = OutDir(req.root)
-    out.prepare()  # exists and writable (OutputError) before taking the lock
-    worker = req.worker if req.role == "device" else None
-    lock = out.lock(req.task, wait=req.wait_lock or req.role == "device", stop=req.stop, worker=worker,
-                    poll=0.5 if req.role == "device" else 1.0)
-    task = TaskOutput(out, req, lock)
+    out = OutDir(req.root, req.storage_options)
     try:
+        out.prepare()  # exists and writable (OutputError) before taking the lock
+        task = TaskOutput(out, req, _claim(out, req))
+    except BaseException:
+        out.close()
+        raise
+    try:
+        if isinstance(task._claim, Lease) and req.meta is not None:  # in a store: say so before the model loads
+            task._record(req.meta())
+            _heartbeat(task)
         if req.role != "device":
             _settle(out, req)
         if req.role == "devices":
-            assert req.meta is not None
-            task._record(req.meta())
+            if not isinstance(task._claim, Lease):
+                assert req.meta is not None
+                task._record(req.meta())
             return task
         if req.stop is not None and req.stop.is_set():  # stopped before starting: no model loaded for nothing
             task.interrupted = True
             return task
         _ready(task)
     except BaseException:
-        lock.release()
+        task.close(None, best_effort=True)
         raise
     return task
 
 
+def _claim(out: OutDir, req: TaskRequest) -> TaskLock | Lease | None:
+    """The task's flock (a device worker's own, under its parent's), or in a store its lease,
+    after the store's probe (a device worker's parent holds the lease)."""
+    if not out.in_store:
+        worker = req.worker if req.role == "device" else None
+        return out.lock(req.task, wait=req.wait_lock or req.role == "device", stop=req.stop, worker=worker,
+                        poll=0.5 if req.role == "device" else 1.0)
+    if req.role == "device":
+        return None
+    if not out.probe() and not req.single_writer:
+        raise OutputError(f"{out.root}: this store wrote an object whose name existed (no exclusive create), so "
+                          "two runners of a task could both commit it; use a store that refuses (S3, GCS, Azure "
+                          "do), or pass --single-writer if the scheduler never runs a task twice at once")
+    lease = Lease(out.task_meta_path(req.task), req.task)
+    lease.claim(wait=req.wait_lock, stop=req.stop)
+    return lease
+
+
+def _heartbeat(task: TaskOutput) -> None:
+    if isinstance(task._claim, Lease):
+        task._claim.renew_with(task._beat)
+
+
 def _settle(out: OutDir, req: TaskRequest) -> None:
-    """Under the task's lock: --overwrite, a killed run's temp files, the shard log."""
+    """Holding the task: --overwrite, a killed run's temp files (and, in a store, its unfinished
+    uploads), the shard log."""
     if req.overwrite:
-        busy = [p.name for t, p in out.lock_paths() if t != req.task and TaskLock(p).is_held()]
+        busy = out.busy_tasks(req.task)
         if busy:
-            raise OutputError(f"--overwrite: other runs are writing {out.root} ({', '.join(busy)})")
+            raise OutputError(f"--overwrite: other runs are writing {out.root} (tasks {', '.join(map(str, busy))})")
         out.wipe()
         out.prepare()
     out.clean_tmp(req.task)
-    reconcile(out, req.task)
+    if not out.in_store:
+        reconcile(out, req.task)
 
 
 def _ready(task: TaskOutput) -> None:
@@ -200,15 +257,26 @@ def _ready(task: TaskOutput) -> None:
     try:
         with interruptible(req.stop):
             task.facts = _admit(out, req.admission)
-            if req.role == "task":
+            if req.role == "task" and not isinstance(task._claim, Lease):
                 assert req.meta is not None
                 task._record(req.meta())
+            # the sequence before the history: its shards are all in the history, so a second runner
+            # that started unseen reuses a name the first one commits (and stops there), never skips ahead
+            task._seq = out.next_seq(req.task, req.worker)
             task.history = load_history(out)
     except Interrupted:
         task.interrupted = True
         return
-    task.report = ErrorReportWriter(out.error_report_path(req.task, req.worker))
-    task._seq = out.next_seq(req.task, req.worker)
+    task.report = _report(task)
+
+
+def _report(task: TaskOutput) -> ErrorReportWriter | PartReportWriter:
+    req, out = task.request, task.out
+    if not out.in_store:
+        return ErrorReportWriter(out.error_report_path(req.task, req.worker))
+    runner = task._claim.runner if isinstance(task._claim, Lease) else os.urandom(6).hex()
+    return PartReportWriter(out.fs, out.meta / "errors",
+                            lambda k: report_part_name(req.task, req.worker, task._seq, runner, k))
 
 
 def _admit(out: OutDir, admission: Admission) -> dict[str, Any]:

@@ -31,3 +31,5 @@ class RunContext:
     facts: dict[str, Any]
     modalities: tuple[str, ...]
     events: list[str]
+    #: the batch size settled when the encoder loads (--batch-size, or the device's probe)
+    batch_size: int | None = None

@@ -177,9 +177,11 @@ class RunResult:
     model_loaded: bool = False
     events: list[str] = field(default_factory=list)
     forward: dict[str, Any] | None = None  # how the forward ran (the CPU path), where the model loaded
+    batch_size: int | None = None  # the batch size the run used (--batch-size, or the device's probe)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (the `--json` result of `mmenc encode`, less the exit status)."""
         return {"out": self.out, "task": self.task, "state": self.state, "elapsed": round(self.elapsed, 3),
                 "counters": self.counters.to_dict(), "threshold_exceeded": self.threshold_exceeded,
-                "model_loaded": self.model_loaded, "forward": self.forward, "events": self.events[-50:]}
+                "model_loaded": self.model_loaded, "forward": self.forward, "batch_size": self.batch_size,
+                "events": self.events[-50:]}

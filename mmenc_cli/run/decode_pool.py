@@ -37,6 +37,10 @@ from .shm import SlotPool, shm_slots
 
 log = logging.getLogger("mmenc")
 
+#: the most images the device refused that go back to the workers as one chunk: a batch's refused
+#: JPEGs (a corrupt file, a format nvJPEG does not take) are shared by the workers, not one worker's
+REFUSED_CHUNK = 4
+
 class _Done:
     """A completed future stand-in for in-process decoding (workers=0)."""
 
@@ -53,7 +57,7 @@ def start_forkserver(torch: bool) -> None:
     imports (a second or two for torch) cost no time; a forkserver already running stays as it is."""
     import multiprocessing.forkserver
 
-    preload = ["mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"]
+    preload = ["mmenc_cli.lifeline_preload", "mmenc_cli.run.decode_worker", "mmenc_cli.media", "numpy", "PIL.Image"]
     mp.get_context("forkserver").set_forkserver_preload(preload + (["torch"] if torch else []))
     multiprocessing.forkserver.ensure_running()
 
@@ -135,6 +139,13 @@ class DecodePool:
             fut.add_done_callback(functools.partial(self._on_finished, token))
         else:
             self._finished.append(True)
+
+    def spread(self, items: list[Any]) -> list[list[Any]]:
+        """`items` (images the device refused) cut into chunks the workers share: at most
+        `REFUSED_CHUNK` each, and as many as there are workers while there are enough items
+        (each chunk goes to whichever worker is free first)."""
+        size = max(1, min(REFUSED_CHUNK, -(-len(items) // max(1, self.workers))))
+        return [items[k:k + size] for k in range(0, len(items), size)]
 
     def _take(self, modality: str) -> Any:
         """Shared-memory slots for one item: an image's (or None), a video clip's frames' (a tuple,

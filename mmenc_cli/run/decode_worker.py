@@ -22,6 +22,7 @@ import numpy as np
 from ..config import DEFAULT_FRAMES, MediaConfig
 from ..encoders.base import AudioInput, AudioPreprocessor, ImageInput, ImagePreprocessor, VideoInput
 from ..errors import MMError, classify
+from ..lifeline import inherit
 from ..media import configure_pillow, load_clip, load_encoded, load_image, locate
 from ..media.audio import decode_audio
 from ..media.decode import decode_image, device_jpeg
@@ -62,6 +63,7 @@ def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
     import signal
     import threading
 
+    inherit()  # under an engine: dies with the forkserver, which dies with the encode process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides how to stop
     configure_pillow(media)  # per-process Pillow limits matching --max-image-pixels
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()

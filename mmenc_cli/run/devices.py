@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..config import RunConfig
 from ..errors import RunError
+from ..lifeline import inherit
 from ..output.task import TaskRequest, open_task
 from .counters import Counters, RunResult, threshold_exceeded
 from .metadata import task_record
@@ -29,6 +30,7 @@ def device_worker(run_cls: Any, cfg: RunConfig, worker: int, worker_count: int, 
     """Entry point of one device's process: encode its share of the task's slice."""
     import signal
 
+    inherit(parent)  # under an engine that kills the encode process, no orphan goes on committing
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -52,7 +54,8 @@ def run_devices(cfg: RunConfig, run_cls: Any, progress: Callable[[Counters], Non
     """Run `run_cls` (an `EncodeRun`) in one process per device, under the task's lock held here."""
     t_start = time.perf_counter()
     output = open_task(TaskRequest(root=cfg.writer.out, task=cfg.task_index, role="devices", overwrite=cfg.overwrite,
-                                   wait_lock=cfg.wait_lock, meta=lambda: task_record(cfg, "running", Counters(), 0.0)))
+                                   wait_lock=cfg.wait_lock, meta=lambda: task_record(cfg, "running", Counters(), 0.0),
+                                   storage_options=cfg.writer.store_options, single_writer=cfg.writer.single_writer))
     try:
         got, errors = _spawn_and_wait(cfg, run_cls, stop)
         if errors:
@@ -135,4 +138,5 @@ def _merge(cfg: RunConfig, root: str, got: dict[int, Any], t_start: float) -> Ru
     loaded = [r for r in got.values() if r is not None and r.model_loaded]
     return RunResult(out=root, task=cfg.task_index, state=state, counters=counters, facts=facts,
                      elapsed=time.perf_counter() - t_start, threshold_exceeded=threshold_exceeded(cfg, counters),
-                     model_loaded=bool(loaded), events=events, forward=loaded[0].forward if loaded else None)
+                     model_loaded=bool(loaded), events=events, forward=loaded[0].forward if loaded else None,
+                     batch_size=loaded[0].batch_size if loaded else None)

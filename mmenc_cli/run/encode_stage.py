@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..batching import BatchRunner, Launched
 from ..encoders.base import EncodeOutput, Encoder
-from ..errors import DeviceError, MMError, OutputError
+from ..errors import DeviceError, MMError, OutputError, RunError
 from ..records import Item
 from .commit import ShardCommitter, ShardOutcome
 from .counters import Counters
@@ -44,7 +44,7 @@ class EncodeStage:
     def __init__(self, encoder: Encoder, batch_size: int, grow_after: int, normalize: bool,
                  counters: Counters, failures: FailureSink, committer: ShardCommitter,
                  events: list[str], progress: Callable[[Counters], None]) -> None:
-        self.encoder = encoder
+        self.encoder, self.batch_size = encoder, batch_size
         self.normalize = normalize and (encoder.output_kind == "pooled" or encoder.normalizes_rows)
         self.counters, self.failures, self.committer = counters, failures, committer
         self.events, self.progress = events, progress
@@ -176,9 +176,12 @@ class EncodeStage:
         self.committer.close(check=False)
 
 
-def output_fault(oc: ShardOutcome) -> OutputError:
-    """The run-level error of a shard that the output could not take (disk full, read-only, ...)."""
+def output_fault(oc: ShardOutcome) -> RunError:
+    """The run-level error of a shard that the output could not take (disk full, read-only, ...;
+    or its name taken by another runner of the task: that one's own error, exit 75)."""
     exc = oc.error
+    if isinstance(exc, RunError):
+        return exc
     where, cause = "", str(exc)
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""

@@ -12,6 +12,11 @@ workers hold at most `--max-inflight-bytes` of undecoded payload (one larger ite
 Only inline bytes (tar members, Parquet and Arrow image bytes) count: a path's or URL's size is
 not known before a worker loads it. An item's bytes are dropped once sent (`Item.source`), and
 its row never holds them (`released`), so nothing after the decode keeps them.
+
+Under `--decode gpu` the workers send plain JPEGs on as their bytes; a batch of them starts
+decoding on the device (the encoder's `DeviceDecoder`, on a thread of its own) as soon as it is
+cut, and is launched once decoded, so batch N + 1 decodes while batch N's forward runs. The JPEGs
+the device refuses go back to the workers (`DecodePool.spread`: small chunks the workers share).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ..config import RunConfig
-from ..encoders.base import Encoder, ImageInput
+from ..encoders.base import DecodeAhead, DeviceDecoder, Encoder
 from ..errors import DeviceError, ModelLoadError, OutputError
 from ..media.sources import describe_source
 from ..records import MEDIA, Item, ManifestRow, Released
@@ -35,11 +40,15 @@ from .failures import FailureSink
 #: keep the encode process's cost per image low (bench_feed: 0.06-0.07 ms at 32, 0.10-0.15 at 8)
 CHUNK = 32
 
-#: `Encoder.image_device_decoder()`: payloads -> each decoded on the device, or None where refused
-DeviceDecode = Callable[[list[ImageInput]], "list[ImageInput | None]"]
+#: batches whose JPEGs are decoding on the device at once: the one the next forward needs, and the
+#: one after it (decoding while that forward runs)
+DECODE_AHEAD = 2
+
+#: a batch waiting for its device decode: its items with their worker results, and the decode
+Decoding = tuple[list[tuple[Item, Decoded]], DecodeAhead]
 
 
-def device_decoder(cfg: RunConfig, encoder: Encoder) -> DeviceDecode | None:
+def device_decoder(cfg: RunConfig, encoder: Encoder) -> DeviceDecoder | None:
     """`--decode gpu`: the encoder's device decoder (ModelLoadError when it has none)."""
     if cfg.media.decode != "gpu":
         return None
@@ -74,13 +83,14 @@ class MediaFeed:
 
     def __init__(self, make_pool: Callable[[], DecodePool], batch_sizes: dict[str, int], max_batch_tokens: int | None,
                  counters: Counters, failures: FailureSink, encode: Callable[[str, list[Item], list[Any]], None],
-                 device_decode: DeviceDecode | None = None, max_bytes: int | None = None,
+                 device_decode: DeviceDecoder | None = None, max_bytes: int | None = None,
                  chunk_bytes: int | None = None) -> None:
         self.make_pool, self.batch_sizes, self.max_batch_tokens = make_pool, batch_sizes, max_batch_tokens
         self.max_bytes = max_bytes if max_bytes is not None else float("inf")
         self.chunk_bytes = chunk_bytes if chunk_bytes is not None else self.max_bytes
         self.counters, self.failures, self.encode = counters, failures, encode
         self.device_decode = device_decode  # --decode gpu: the batch's JPEGs are decoded on the device
+        self.decoding: collections.deque[Decoding] = collections.deque()  # in decode order
         self.pool: DecodePool | None = None
         self.chunks: dict[str, list[Item]] = collections.defaultdict(list)  # waiting to be sent to the pool
         #: decoded, waiting for their batch, per medium
@@ -126,6 +136,12 @@ class MediaFeed:
         for chunk, results in self.pool.ready():
             self._collect(chunk, results)
         self._encode_ready(final=False)
+        self._launch_decoded(block=False)
+
+    def idle(self) -> None:
+        """Before the loop waits for the workers: launch what the device has decoded (or is
+        decoding), so the device is not idle while the loop waits."""
+        self._launch_decoded(block=True)
 
     def finish(self) -> None:
         """Decode and encode every item left (again for images the device decoder sent back)."""
@@ -137,6 +153,7 @@ class MediaFeed:
                     self._collect(chunk, results)
                     self._encode_ready(final=False)
             self._encode_ready(final=True)
+            self._launch_decoded(block=True)
             pool = self.pool
             if pool is None or pool.in_flight == 0 or (pool.stop is not None and pool.stop.is_set()):
                 return
@@ -151,6 +168,10 @@ class MediaFeed:
         dropped = collections.Counter(self.in_flight)
         for modality, items in (*self.chunks.items(), *self.decoded.items()):
             dropped[modality] += len(items)
+        while self.decoding:
+            batch, ahead = self.decoding.popleft()
+            dropped["image"] += len(batch)
+            self._forget(batch, ahead)
         self.chunks.clear()
         self.decoded.clear()
         self.in_flight.clear()
@@ -160,7 +181,10 @@ class MediaFeed:
         return dict(dropped)
 
     def close(self, kill: bool = False) -> None:
-        """Stop the workers (at once with `kill`, dropping what is in flight)."""
+        """Stop the device's decode thread and the workers (at once with `kill`, dropping what is
+        in flight); the thread first: it may be reading JPEGs in the workers' shared memory."""
+        if self.device_decode is not None:
+            self.device_decode.close()
         if self.pool is not None:
             self.pool.close(kill=kill)
 
@@ -204,27 +228,43 @@ class MediaFeed:
                 self.decoded[modality].append((item, dec))
 
     def _encode(self, modality: str, batch: list[tuple[Item, Decoded]]) -> None:
-        """Encode one batch; its pixels are copied out by then, so their shared-memory slots are freed."""
+        """Encode one batch; its pixels are copied out by then, so their shared-memory slots are
+        freed. Under `--decode gpu` an image batch starts decoding on the device instead, and the
+        batch before it is launched (its decode is done or nearly: it started first)."""
+        if self.device_decode is not None and modality == "image":
+            self.decoding.append((batch, self.device_decode.start([dec.value for _, dec in batch])))  # type: ignore[misc]
+            self._launch_decoded(block=True, keep=DECODE_AHEAD - 1)
+            return
         try:
-            kept = self._on_device(batch) if self.device_decode is not None and modality == "image" else batch
-            if kept:
-                self.encode(modality, [item for item, _ in kept], [dec.value for _, dec in kept])
+            self.encode(modality, [item for item, _ in batch], [dec.value for _, dec in batch])
         finally:
-            if self.pool is not None:
-                for _, dec in batch:
-                    self.pool.release(dec)
+            self._release(batch)
 
-    def _on_device(self, batch: list[tuple[Item, Decoded]]) -> list[tuple[Item, Decoded]]:
-        """Decode the batch's JPEGs on the device; those it refuses go back to the workers, to be
-        decoded on the CPU (where a corrupt one becomes its error row)."""
-        assert self.device_decode is not None and self.pool is not None
+    def _launch_decoded(self, block: bool, keep: int = 0) -> None:
+        """Encode the batches the device has decoded, oldest first: with `block`, all but the last
+        `keep` (waiting for their decodes); else those already done."""
+        while len(self.decoding) > keep and (block or self.decoding[0][1].done()):
+            batch, ahead = self.decoding.popleft()
+            try:
+                kept = self._on_device(batch, ahead)
+                if kept:
+                    self.encode("image", [item for item, _ in kept], [dec.value for _, dec in kept])
+            finally:
+                self._release(batch)
+
+    def _on_device(self, batch: list[tuple[Item, Decoded]], ahead: DecodeAhead) -> list[tuple[Item, Decoded]]:
+        """The batch's device decode, waited for; the JPEGs it refused go back to the workers, to be
+        decoded on the CPU (where a corrupt one becomes its error row), in small chunks that
+        several workers share."""
+        assert self.pool is not None
         t0 = time.perf_counter()
         try:
-            values = self.device_decode([dec.value for _, dec in batch])  # type: ignore[misc]
+            values = ahead.wait()
         except DeviceError:  # the run ends: this batch is left for a re-run
             self.counters.add("image", "not_attempted", len(batch))
             raise
-        self.counters.add_seconds("device_decode", time.perf_counter() - t0)
+        self.counters.add_seconds("device_decode_wait", time.perf_counter() - t0)
+        self.counters.add_seconds("device_decode", ahead.seconds)
         kept, refused = [], []
         for (item, dec), value in zip(batch, values):
             if value is None:  # its JPEG's bytes go back (the item keeps no source): never fetched twice
@@ -233,9 +273,22 @@ class MediaFeed:
             else:
                 dec.value = value
                 kept.append((item, dec))
-        if refused:
-            self._submit("image", refused, cpu_only=True)
+        for chunk in self.pool.spread(refused):
+            self._submit("image", chunk, cpu_only=True)
         return kept
+
+    def _forget(self, batch: list[tuple[Item, Decoded]], ahead: DecodeAhead) -> None:
+        """A batch dropped while its decode may still read its slots: wait for it, then free them."""
+        try:
+            ahead.wait()
+        except Exception:  # the run is ending already; what failed here is left for a re-run
+            pass
+        self._release(batch)
+
+    def _release(self, batch: list[tuple[Item, Decoded]]) -> None:
+        if self.pool is not None:
+            for _, dec in batch:
+                self.pool.release(dec)
 
     def _take_batch(self, modality: str, final: bool) -> list[tuple[Item, Decoded]] | None:
         """Cut the next batch off `self.decoded[modality]`, or None when no full batch is ready

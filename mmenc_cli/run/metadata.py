@@ -152,4 +152,5 @@ def task_record(cfg: RunConfig, state: str, counters: Counters, elapsed: float,
             "threshold_exceeded": result.threshold_exceeded if result else None,
             "model_loaded": result.model_loaded if result else None,
             "forward": result.forward if result else None, "error": error,
+            "batch_size": result.batch_size if result else None,
             "events": (result.events if result else [])[-50:]}

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import RunConfig
 from ..encoders.base import Encoder
-from ..errors import DeviceError, LockWaitInterrupted, MMError, OutputError
+from ..errors import DeviceError, LockBusy, LockWaitInterrupted, MMError, OutputError
 from ..idset import HashSet64, id_hash
 from ..media.clips import require_av
 from ..output.history import History
@@ -67,6 +67,7 @@ class EncodeRun:
         self.events: list[str] = []
         self.failures: FailureSink | None = None
         self.stopped_by: str | None = None
+        self.context: RunContext | None = None  # what the stages share, once the loop runs
 
     # -- setup ----------------------------------------------------------------------------
     @property
@@ -92,6 +93,9 @@ class EncodeRun:
             self.failures = FailureSink(self.output, self.counters, self.output.history.attempts, self.task,
                                         self._failed)
             self._loop(modalities, self.output.history)
+        except LockBusy:  # another runner of this task committed first: it owns the task's record and rows
+            self.output.close(None, best_effort=True, lost=True)
+            raise
         except (OutputError, DeviceError) as exc:  # a fault of the output (exit 3) or device (1) ends the run
             self._finish("failed", t_start, error=str(exc))
             raise
@@ -112,7 +116,8 @@ class EncodeRun:
         return TaskRequest(root=cfg.writer.out, task=self.task, worker=self.worker,
                            role="task" if self.primary else "device", overwrite=cfg.overwrite and self.primary,
                            wait_lock=cfg.wait_lock, stop=self.stop, admission=admission,
-                           meta=lambda: task_record(self.cfg, "running", self.counters, time.perf_counter() - t_start))
+                           meta=lambda: task_record(self.cfg, "running", self.counters, time.perf_counter() - t_start),
+                           storage_options=cfg.writer.store_options, single_writer=cfg.writer.single_writer)
 
     def load_encoder(self) -> Encoder:
         """The encoder, loaded on first use (a finished re-run never loads it)."""
@@ -165,7 +170,8 @@ class EncodeRun:
                          counters=self.counters, facts=self.facts, elapsed=time.perf_counter() - t_start,
                          threshold_exceeded=threshold_exceeded(self.cfg, self.counters),
                          model_loaded=self.encoder is not None, events=self.events,
-                         forward=self.encoder.forward_summary() if self.encoder is not None else None)
+                         forward=self.encoder.forward_summary() if self.encoder is not None else None,
+                         batch_size=self.context.batch_size if self.context is not None else None)
 
     def _failed(self) -> None:
         if self.cfg.fail_fast and self.stopped_by is None:
@@ -195,8 +201,9 @@ class EncodeRun:
     def _loop(self, modalities: tuple[str, ...], history: History) -> None:
         seen = HashSet64()
         assert self.output is not None and self.failures is not None
-        stages = Stages(RunContext(self.cfg, self.output, self.counters, self.failures, self.stop, self.progress,
-                                   self.load_encoder, self.facts, modalities, self.events))
+        self.context = RunContext(self.cfg, self.output, self.counters, self.failures, self.stop, self.progress,
+                                  self.load_encoder, self.facts, modalities, self.events)
+        stages = Stages(self.context)
         try:
             for rec in self._rows():
                 if self.stop.is_set():
@@ -216,7 +223,7 @@ class EncodeRun:
             stages.finish(interrupted=self.stop.is_set())
         except Interrupted:  # a stop request while the model loaded or a window was tokenized
             stages.finish(interrupted=True)
-        except (OutputError, DeviceError):  # a fault of the output or device: the rest is left for a re-run
+        except (OutputError, DeviceError, LockBusy):  # the output, the device or another runner: the rest waits
             self.stop.set()
             stages.abandon()
             raise

@@ -33,33 +33,36 @@ class Stages:
             return self.stage
         run, cfg = self.run, self.cfg
         encoder = run.load_encoder()
+        # without --batch-size the encoder may choose for its device (a probe on CUDA): not in the fingerprint
+        choice = None if cfg.batch.batch_size is not None else encoder.default_batch_size(run.modalities)
+        run.batch_size = cfg.batch.size_for(choice)
         keep = tuple(cfg.manifest.keep)
         writer = make_writer(cfg.writer.format, run.facts, run.facts["out_dtype"], keep)
         committer = ShardCommitter(run.output, writer, cfg.writer.shard_size, keep, after_commit=run.failures.sync)
-        self.stage = EncodeStage(encoder, cfg.batch.batch_size, cfg.batch.grow_after, bool(run.facts.get("normalize")),
+        self.stage = EncodeStage(encoder, run.batch_size, cfg.batch.grow_after, bool(run.facts.get("normalize")),
                                  run.counters, run.failures, committer, run.events, run.progress)
         return self.stage
 
     def _text_feed(self) -> TextFeed:
         if self.texts is None:
             stage = self._ready()
-            self.texts = TextFeed(stage.encoder, self.cfg.batch.batch_size, self.run.counters,
+            self.texts = TextFeed(stage.encoder, stage.batch_size, self.run.counters,
                                   lambda items, payloads: stage("text", items, payloads), self.run.stop)
         return self.texts
 
     def _media_feed(self) -> MediaFeed:
         if self.media is None:
             stage = self._ready()
-            encoder, batch = stage.encoder, self.cfg.batch
+            encoder, batch, size = stage.encoder, self.cfg.batch, stage.batch_size
             workers = batch.workers_per_device(len(self.cfg.model.devices))
-            in_flight = max(batch.batch_size * batch.prefetch_batches, 2 * CHUNK * workers)  # every worker busy
+            in_flight = max(size * batch.prefetch_batches, 2 * CHUNK * workers)  # every worker busy
             frames = self.cfg.media.frames_per_clip()
             pre = self._preprocessors(encoder, frames)
             make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731
-                                           stop=self.run.stop, slots=in_flight + CHUNK + batch.batch_size,
-                                           idle=stage.flush)
+                                           stop=self.run.stop, slots=in_flight + CHUNK + size,
+                                           idle=self._idle)
             asked = set(self.run.modalities)
-            sizes = {"image": batch.batch_size, "audio": batch.batch_size, "video": max(1, batch.batch_size // frames)}
+            sizes = {"image": size, "audio": size, "video": max(1, size // frames)}
             # a worker holds its chunk whole, and so does the chunk's pickled copy on its way there:
             # chunks of large members are cut at a quarter of a worker's share of the bytes budget
             chunk_bytes = max(1, batch.max_inflight_bytes // (4 * max(1, workers)))
@@ -67,6 +70,14 @@ class Stages:
                                    stage, device_decode=device_decoder(self.cfg, encoder) if "image" in asked else None,
                                    max_bytes=batch.max_inflight_bytes, chunk_bytes=chunk_bytes)
         return self.media
+
+    def _idle(self) -> None:
+        """Before the loop waits for its decode workers: launch what the device has decoded, then
+        account for the group in flight."""
+        if self.media is not None:
+            self.media.idle()
+        if self.stage is not None:
+            self.stage.flush()
 
     def _preprocessors(self, encoder: Encoder, frames: int) -> Preprocessors:
         """The workers' preprocessing, only for what this run encodes (a VL model's video processor

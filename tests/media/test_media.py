@@ -29,7 +29,7 @@ FAULT_NAMES = [
     "truncated_jpeg", "empty_file", "not_an_image", "corrupt_png", "bad_crc_png",
     "decompression_bomb", "heic_without_plugin", "svg", "directory", "missing",
     "path_through_file", "bad_base64", "bad_data_uri", "data_uri_not_image", "empty_data_uri",
-    "ftp_scheme", "s3_scheme", "refused", "permission_denied",
+    "ftp_scheme", "store_without_backend", "refused", "permission_denied",
 ]
 FAST = MediaConfig(fetch_timeout=0.5, fetch_retries=1)
 BACKOFF = 0.01

@@ -212,29 +212,38 @@ def test_a_sticky_device_error_while_decoding_ends_the_run(tmp_path: Path, tiny_
 
 
 def test_an_image_the_device_cannot_resize_is_decoded_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Images of one size are resized in one call; when that fails, one by one, and the one that
+    fails alone goes back to the workers."""
+    import torch
+
     decoder = DeviceJpegDecoder(PixelPreprocessor(None, 32, (32, 32), 3), "cpu")
     real = decoder.preprocess
     seen: list[int] = []
 
-    def preprocess(image: Any) -> Any:
-        seen.append(1)
-        if len(seen) == 2:
-            raise RuntimeError("CUDA out of memory. Tried to allocate 9.00 GiB")
-        return real(image)
+    def preprocess(images: Any) -> Any:
+        seen.append(len(images))
+        if len(images) > 1 or len(seen) == 3:  # the group, then the second image alone
+            raise torch.OutOfMemoryError("Tried to allocate 9.00 GiB")
+        return real(images)
 
     monkeypatch.setattr(decoder, "preprocess", preprocess)
     out = decoder(jpeg_payloads(3))
     assert [o is None for o in out] == [False, True, False]
+    assert seen == [3, 1, 1, 1]
 
 
 def test_jpegs_are_decoded_on_a_stream_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA the decode runs on a side stream; the current stream waits for it, and the decoded
-    images are marked as used on the current stream (a fake CUDA stream API records the order)."""
+    """On CUDA the decode runs on a thread (whose current device is the model's) and a side stream
+    of its own; the caller's stream waits for the event recorded after the batch's kernels, and
+    the decoded images' memory is marked as used on the caller's stream (a fake CUDA stream API
+    records the order)."""
     log: list[str] = []
     fake_cuda_streams(monkeypatch, log)
-    decoder = DeviceJpegDecoder(PixelPreprocessor(None, 32, (32, 32), 3), "cuda:0")
+    decoder = DeviceJpegDecoder(PixelPreprocessor(None, 32, (32, 32), 3), "cuda:1")
     cpu_decode = decoder.decode
     decoder.decode = lambda data, device: (log.append(f"decode {len(data)}"), cpu_decode(data, "cpu"))[1]
     out = decoder(jpeg_payloads(2))
+    decoder.close()
     assert all(o is not None for o in out)
-    assert log == ["on side", "decode 2", "off side", "current waits for side", "used on current", "used on current"]
+    assert log == ["device 1", "on side", "decode 2", "event on side", "off side",
+                   "current waits for the event on side", "used on current"]  # one tensor holds both

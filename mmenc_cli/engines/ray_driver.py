@@ -1,0 +1,202 @@
+"""The `mmenc ray` driver: connect to a Ray cluster (or start a local one), check on one worker that
+the job can run there, submit the N tasks, show one progress display across them, cancel them when
+the driver is stopped, and gather their outcomes into one `JobResult` (`job.py` says how).
+
+Ray retries a task whose worker or node died, and one that hands back a code of `job.RETRIED`
+(`ray_tasks.TaskRetry`), up to `--max-retries` times; a retry resumes from the output. A stop
+request (the first Ctrl-C or SIGTERM) cancels every task: Ray interrupts the running ones, which
+commit whole shards and record themselves interrupted; a second Ctrl-C kills their workers. With
+`--fail-fast`, the first task that stops at a failed item has the others cancelled the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import ray
+from ray import exceptions as rex
+
+from .. import __version__
+from ..errors import ExitCode, RunError, first_line
+from ..run.counters import Counters
+from .job import LOST, JobResult, JobSpec, TaskOutcome, job_exit_code, merge_results
+from .ray_tasks import ProgressBoard, TaskRetry, mmenc_check, mmenc_status, mmenc_task
+
+log = logging.getLogger("mmenc")
+
+Display = Callable[[Counters, str], None]
+#: seconds between two looks at the tasks' progress
+POLL = 0.5
+
+
+def run_job(spec: JobSpec, display: Display, stop: threading.Event,
+            signum: Callable[[], int | None] = lambda: None) -> JobResult:
+    """Run the job on the cluster and gather it (see the module docstring); `stop` is set on a stop
+    request, and `signum()` then says which signal made it."""
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):  # Ray echoes its workers' output: stdout is for --json
+        outcomes, status, status_error = _run(spec, display, stop)
+    merged = merge_results(spec, outcomes, time.perf_counter() - t0)
+    code, reason = job_exit_code(outcomes, merged, None if status is None else bool(status.ok), signum())
+    return JobResult(tasks=outcomes, result=merged, status=status, status_error=status_error, code=code,
+                     reason=reason, signum=signum())
+
+
+def _run(spec: JobSpec, display: Display, stop: threading.Event) -> tuple[list[TaskOutcome], Any, str | None]:
+    """Connect, check, submit, gather; the tasks' outcomes and the status after them."""
+    _connect(spec.address)
+    try:
+        _check_resources(spec)
+        _preflight(spec, stop)
+        board = ProgressBoard.remote()  # type: ignore[attr-defined]
+        refs = {mmenc_task.options(**_resources(spec), max_retries=spec.max_retries, retry_exceptions=[TaskRetry])
+                .remote(spec.task_config(i), board): i for i in range(spec.tasks)}
+        outcomes = _gather(spec, refs, board, display, stop)
+        status, status_error = _status(spec)
+    finally:
+        ray.shutdown()
+    return outcomes, status, status_error
+
+
+def _connect(address: str | None) -> None:
+    """Join the cluster at `address`; without one, Ray's own rule: RAY_ADDRESS, else a cluster
+    started on this machine with `ray start`, else a new local one for this job."""
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError, rex.RayError) as exc:
+        where = f"at {address}" if address else "(none given: RAY_ADDRESS, this machine's, or a new local one)"
+        raise RunError(f"cannot reach the Ray cluster {where}: {first_line(exc)}", ExitCode.SETUP) from None
+
+
+def _resources(spec: JobSpec) -> dict[str, Any]:
+    return {"num_cpus": spec.cpus_per_task, "num_gpus": spec.gpus_per_task}
+
+
+def _check_resources(spec: JobSpec) -> None:
+    """Warn when no node of the cluster as it is now could run a task (an autoscaler may add one)."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if not any(r.get("CPU", 0) >= spec.cpus_per_task and r.get("GPU", 0) >= spec.gpus_per_task for r in nodes):
+        log.warning("no node of the Ray cluster has %s CPU(s) and %s GPU(s) for a task: the tasks wait until one "
+                    "joins (--cpus-per-task, --gpus-per-task)", spec.cpus_per_task, spec.gpus_per_task)
+
+
+def _wait_one(ref: Any, stop: threading.Event) -> Any:
+    """`ray.get(ref)`, given up on a stop request (the task is cancelled)."""
+    while not ray.wait([ref], timeout=POLL)[0]:
+        if stop.is_set():
+            ray.cancel(ref, force=True)
+            raise RunError("stopped before the job started: nothing ran", 130)
+    return ray.get(ref)
+
+
+def _preflight(spec: JobSpec, stop: threading.Event) -> None:
+    """On one worker, where a task would run: this mmenc, the model, the inputs and OUT's filesystem."""
+    try:
+        problem = _wait_one(mmenc_check.options(**_resources(spec), max_retries=0).remote(__version__, spec.cfg), stop)
+    except rex.RayError as exc:
+        raise RunError(f"cannot run mmenc on the Ray workers (is mmenc[ray] installed on every node?): "
+                       f"{first_line(exc)}", ExitCode.SETUP) from None
+    if problem is not None:
+        code, why = problem
+        raise RunError(why, code)
+
+
+def _gather(spec: JobSpec, refs: dict[Any, int], board: Any, display: Display,
+            stop: threading.Event) -> list[TaskOutcome]:
+    """Wait for every task, showing progress; cancel them all on a stop request or a --fail-fast stop."""
+    outcomes: dict[int, TaskOutcome] = {}
+    pending = dict(refs)
+    cancelled = False
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL)
+            for ref in ready:
+                task = pending.pop(ref)
+                outcomes[task] = _outcome(ref, task)
+            stopped = spec.cfg.fail_fast and any(o.state == "stopped" for o in outcomes.values())
+            if (stop.is_set() or stopped) and not cancelled:
+                cancelled = _cancel(pending, force=False)
+            display(*_progress(board, outcomes, spec.tasks))
+    except KeyboardInterrupt:  # a second Ctrl-C: kill the workers now
+        _cancel(pending, force=True)
+        raise
+    return _with_board(list(outcomes.values()), board)
+
+
+def _cancel(pending: dict[Any, int], force: bool) -> bool:
+    for ref in pending:
+        ray.cancel(ref, force=force)
+    return True
+
+
+def _outcome(ref: Any, task: int) -> TaskOutcome:
+    """How task `task` ended, from what `ray.get` says of it."""
+    try:
+        return ray.get(ref)  # type: ignore[no-any-return]
+    except rex.TaskCancelledError:
+        return TaskOutcome(task=task, code=130, state="cancelled")
+    except (rex.WorkerCrashedError, rex.NodeDiedError, rex.OutOfMemoryError, rex.LocalRayletDiedError) as exc:
+        return TaskOutcome(task=task, code=LOST, state="lost", error=f"its worker died ({first_line(exc)})")
+    except rex.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, TaskRetry):
+            if cause.code == 143:  # stopped by a signal (the driver's cancel, or the node's), whole shards committed
+                return TaskOutcome(task=task, code=cause.code, state="interrupted")
+            return TaskOutcome(task=task, code=cause.code, state="failed", error=cause.message)
+        return TaskOutcome(task=task, code=int(ExitCode.INTERNAL), state="failed",
+                           error=f"{type(cause).__name__}: {first_line(cause)}")
+    except rex.RayError as exc:
+        return TaskOutcome(task=task, code=int(ExitCode.INTERNAL), state="failed", error=first_line(exc))
+
+
+def _snapshot(board: Any) -> dict[int, dict[str, Any]]:
+    try:
+        return ray.get(board.snapshot.remote(), timeout=30)  # type: ignore[no-any-return]
+    except rex.RayError as exc:
+        log.debug("progress board unavailable: %s", exc)
+        return {}
+
+
+def _progress(board: Any, outcomes: dict[int, TaskOutcome], tasks: int) -> tuple[Counters, str]:
+    """The tasks' latest counts summed, and a note on where the tasks are."""
+    seen = _snapshot(board)
+    counters = Counters()
+    load = 0.0
+    for entry in seen.values():
+        if entry.get("counters") is not None:
+            counters.merge(entry["counters"])
+            load = max(load, entry["counters"].seconds.get("load", 0.0))
+    counters.seconds["load"] = load  # the tasks load at once: the wall time it took, not the sum
+    done = sum(1 for o in outcomes.values() if o.state == "done")
+    running = sum(1 for t in seen if t not in outcomes)
+    retried = sum(1 for e in seen.values() if e.get("attempts", 1) > 1)
+    note = f"tasks {done}/{tasks} done, {running} running" + (f", {retried} retried" if retried else "")
+    return counters, note
+
+
+def _with_board(outcomes: list[TaskOutcome], board: Any) -> list[TaskOutcome]:
+    """Attempts and hosts from the board; a cancelled task's result, which its return could not bring."""
+    seen = _snapshot(board)
+    for o in outcomes:
+        entry = seen.get(o.task, {})
+        o.attempts = int(entry.get("attempts", 0))
+        o.host = o.host or entry.get("host")
+        if o.result is None and entry.get("result") is not None:
+            o.result = entry["result"]
+    return sorted(outcomes, key=lambda o: o.task)
+
+
+def _status(spec: JobSpec) -> tuple[Any, str | None]:
+    """What `mmenc status OUT` says now, read on a worker; (None, why) when it cannot be read."""
+    try:
+        ref = mmenc_status.options(**_resources(spec), max_retries=1).remote(spec.cfg.writer.out)
+        return ray.get(ref, timeout=300), None
+    except rex.RayTaskError as exc:
+        return None, f"{type(exc.cause).__name__}: {first_line(exc.cause)}"
+    except rex.RayError as exc:
+        return None, first_line(exc)

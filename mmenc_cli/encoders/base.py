@@ -210,6 +210,10 @@ class Encoder(ABC):
         for another thread than `encode`'s when `other_thread`. None: `encode` takes strings only."""
         return None
 
+    def use_early_tokens(self, early: Any) -> None:
+        """Take texts' tokens from `early` (`early_tokens.EarlyTokens`) where it has them: only
+        encoders that tokenize with a fast tokenizer do."""
+
     def device_seconds(self) -> float | None:
         """Seconds the accelerator spent in forward passes so far; None where not measured."""
         return None

@@ -19,6 +19,7 @@ import numpy as np
 
 from .base import AudioPreprocessor
 from .device import to_device
+from .early_tokens import EarlyTable, EarlyTokens, merge
 from .forward import Inputs
 from .loading import ModelProbe
 from .preprocess import plan_image_input
@@ -84,6 +85,8 @@ class HFEncoder(TorchEncoder):
                  pooling: str, unavailable: dict[str, str] | None = None,
                  audio: AudioPreprocessor | None = None) -> None:
         self._tokenizer = tokenizer
+        self._early: EarlyTokens | None = None
+        self._early_tables: dict[int, EarlyTable | None] = {}
         self.max_text_chars = None if max_length is None else max_length * CHARS_PER_TOKEN
         self._padding = "max_length" if pad_to_max_length else True
         self._lowercase = lowercase
@@ -131,9 +134,29 @@ class HFEncoder(TorchEncoder):
             def encode(part: list[str]) -> TokenizedTexts:
                 return TokenizedTexts.from_lists(*features_of(batch(part), keys, self.max_length))
 
+            missing, found = self._early_split(backend, keys, texts)
+            if found is not None:  # tokenized while the model loaded: only the others now
+                rest = [texts[i] for i in missing]
+                chunks = [rest[a:a + PRETOKENIZE_CHUNK] for a in range(0, len(rest), PRETOKENIZE_CHUNK)]
             pool = _tokenize_pool() if len(chunks) > 1 else None
             parts = list(pool.map(encode, chunks) if pool is not None else map(encode, chunks))
+            if found is not None:
+                return merge(len(texts), missing, found, TokenizedTexts.concat(parts) if parts else None)
         return TokenizedTexts.concat(parts) if parts else TokenizedTexts.from_lists({"input_ids": []}, [])
+
+    def use_early_tokens(self, early: EarlyTokens) -> None:
+        """Look texts up in `early` before tokenizing them (`early_tokens.py`)."""
+        self._early = early
+
+    def _early_split(self, backend: Any, keys: list[str], texts: list[str]) -> tuple[list[int], TokenizedTexts | None]:
+        """(positions of the texts to tokenize now, the tokens of the others) from the early
+        tokens where the tokenizer is theirs; ([], None) without them."""
+        if self._early is None:
+            return [], None
+        if id(backend) not in self._early_tables:  # each thread's tokenizer copy is compared once
+            self._early_tables[id(backend)] = self._early.table(backend.to_str(), keys)
+        table = self._early_tables[id(backend)]
+        return table.split(texts, self.max_length) if table is not None else ([], None)
 
     def _tokenize_lists(self, texts: list[str], tokenizer: Any) -> TokenizedTexts:
         """Texts through the tokenizer's own call (any tokenizer), kept as flat arrays."""

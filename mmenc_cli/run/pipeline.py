@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import RunConfig
 from ..encoders.base import Encoder
+from ..encoders.early_tokens import EarlyTokens
 from ..errors import DeviceError, LockBusy, LockWaitInterrupted, MMError, OutputError
 from ..idset import HashSet64, id_hash
 from ..media.clips import require_av
@@ -68,6 +69,7 @@ class EncodeRun:
         self.failures: FailureSink | None = None
         self.stopped_by: str | None = None
         self.context: RunContext | None = None  # what the stages share, once the loop runs
+        self.early: EarlyTokens | None = None  # texts tokenized while the model loads
 
     # -- setup ----------------------------------------------------------------------------
     @property
@@ -77,7 +79,16 @@ class EncodeRun:
 
     def run(self) -> RunResult:
         """Run the task: open it on the output (its lock: a device worker's own under its
-        parent's), encode, close it."""
+        parent's), encode, close it. Texts may be tokenized early meanwhile (`early_tokens.py`)."""
+        if self.encoder_factory is None and self.primary and self.worker_count == 1:
+            self.early = EarlyTokens.start(self.cfg)
+        try:
+            return self._run()
+        finally:
+            if self.early is not None:
+                self.early.close()
+
+    def _run(self) -> RunResult:
         t_start = time.perf_counter()
         admission = RunAdmission(self.cfg, self.device, self.load_encoder)
         try:
@@ -133,6 +144,8 @@ class EncodeRun:
             hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron and Slurm logs
         with interruptible(self.stop):
             self.encoder = factory(self.cfg.model, device=self.device)
+        if self.early is not None:
+            self.encoder.use_early_tokens(self.early)
         self.counters.add_seconds("load", time.perf_counter() - t0)
         log.debug("model %s loaded in %.1f s", self.cfg.model.model, time.perf_counter() - t0)
         check_commit(self.cfg.writer.out, self.cfg.model.model, self.facts or {}, self.encoder.info)

@@ -1,0 +1,194 @@
+"""Texts tokenized while the model loads.
+
+Starting a run of a text model costs seconds of imports and loading (torch, transformers) on one
+core while the others idle. Where the run reads local JSONL manifests with a model folder that has
+a fast tokenizer's `tokenizer.json`, a child process (`early_child.py`: the `tokenizers` library
+only, one core) tokenizes the manifests' first texts meanwhile. When the run first tokenizes, the
+child is stopped and its tokens adopted, but only if its tokenizer is the loaded one (their JSON
+equal, truncation and padding aside); a text's tokens are then looked up by the exact string the
+encoder would tokenize, and only where the text is within the model's length (the child does not
+truncate). Everything else is tokenized as always, so what is encoded never depends on the child:
+a text it did not reach, skipped, or got wrong in any way is simply a miss.
+
+Not for task slices, several devices or a custom encoder; `MMENC_EARLY_TOKENS=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .tokens import TokenizedTexts
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+log = logging.getLogger("mmenc")
+
+CHILD = Path(__file__).with_name("early_child.py")
+#: manifest lines the child reads at most (its tokens are held for the whole run)
+MAX_LINES = 131072
+MANIFESTS = (".jsonl", ".ndjson")
+
+
+def early_sources(cfg: "RunConfig") -> tuple[str, list[str]] | None:
+    """(tokenizer.json, manifest paths) where a run may tokenize early, else None."""
+    if os.environ.get("MMENC_EARLY_TOKENS", "").strip() == "0":
+        return None
+    if cfg.task_count != 1 or len(cfg.model.devices) != 1 or "text" not in (cfg.modalities or ("text",)):
+        return None
+    tokenizer = os.path.join(cfg.model.model, "tokenizer.json")
+    paths = list(cfg.manifests)
+    if not os.path.isfile(tokenizer) or not all(p.lower().endswith(MANIFESTS) and os.path.isfile(p) for p in paths):
+        return None
+    from ..cpus import usable_cpus
+
+    return (tokenizer, paths) if usable_cpus() > 1 else None
+
+
+class EarlyTokens:
+    """The child tokenizing ahead, and what it sent, adopted by the encoder at its first tokenizing."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.chunks: list[bytes] = []
+        self.reader = threading.Thread(target=self._read, name="mmenc-early-tokens", daemon=True)
+        self.reader.start()
+        self.lock = threading.Lock()
+        self.frames: list[Any] | None = None  # once stopped: the spec, then the chunks' dicts
+        self.tables: dict[str, EarlyTable | None] = {}
+
+    @classmethod
+    def start(cls, cfg: "RunConfig") -> "EarlyTokens | None":
+        """The child started for this run, or None where the run does not qualify (or it cannot start)."""
+        sources = early_sources(cfg)
+        if sources is None:
+            return None
+        tokenizer, paths = sources
+        args = [sys.executable, str(CHILD), tokenizer, cfg.manifest.text_key or "text", cfg.model.text_prefix,
+                str(MAX_LINES), *paths]
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}  # one core: the one the start-up leaves
+        try:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            log.debug("early tokenizing not started: %s", exc)
+            return None
+        return cls(proc)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while chunk := self.proc.stdout.read1(1 << 20):
+            self.chunks.append(chunk)
+
+    def close(self) -> None:
+        """Stop the child (what it sent stays readable)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.reader.join()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def _frames(self) -> list[Any]:
+        """Stop the child; its whole frames (a frame cut by the stop is dropped)."""
+        if self.frames is None:
+            self.close()
+            data, self.chunks = b"".join(self.chunks), []
+            self.frames = whole_frames(data)
+        return self.frames
+
+    def table(self, tokenizer_json: str, keys: Sequence[str]) -> "EarlyTable | None":
+        """The tokens to look texts up in, if the child's tokenizer is `tokenizer_json` (a loaded
+        fast tokenizer's backend `to_str()`); None otherwise. The child is stopped at the first call."""
+        with self.lock:
+            if tokenizer_json not in self.tables:
+                self.tables[tokenizer_json] = self._table(tokenizer_json, keys)
+            return self.tables[tokenizer_json]
+
+    def _table(self, tokenizer_json: str, keys: Sequence[str]) -> "EarlyTable | None":
+        frames = self._frames()
+        if len(frames) < 2 or not isinstance(frames[0], str) or _spec(frames[0]) != _spec(tokenizer_json):
+            log.debug("early tokens not used: %s", "none sent" if len(frames) < 2 else "another tokenizer")
+            return None
+        table = EarlyTable(frames[1:], keys)
+        log.debug("early tokens: %d texts tokenized while the model loaded", len(table.tokens))
+        return table
+
+
+def whole_frames(data: bytes) -> list[Any]:
+    """The frames in `data` (each an 8-byte little-endian length and a pickle), less a last one cut short."""
+    frames, at = [], 0
+    while at + 8 <= len(data):
+        size = int.from_bytes(data[at:at + 8], "little")
+        if at + 8 + size > len(data):
+            break
+        frames.append(pickle.loads(data[at + 8:at + 8 + size]))
+        at += 8 + size
+    return frames
+
+
+def _spec(tokenizer_json: str) -> dict[str, Any]:
+    """A tokenizer's JSON, less the truncation and padding that calls set."""
+    spec = json.loads(tokenizer_json)
+    spec.pop("truncation", None)
+    spec.pop("padding", None)
+    return spec
+
+
+class EarlyTable:
+    """The child's texts and tokens: each text's tokens by the exact string."""
+
+    def __init__(self, frames: list[dict[str, Any]], keys: Sequence[str]) -> None:
+        parts = [TokenizedTexts({k: f[k].astype(np.int64) for k in keys}, f["starts"],
+                                np.zeros(len(f["texts"]), dtype=bool)) for f in frames]
+        self.tokens = TokenizedTexts.concat(parts)
+        self.index: dict[str, int] = {}
+        at = 0
+        for f in frames:
+            for text in f["texts"]:
+                self.index.setdefault(text, at)
+                at += 1
+        self.lengths = self.tokens.lengths.tolist()
+
+    def split(self, texts: Sequence[str], max_length: int) -> tuple[list[int], TokenizedTexts | None]:
+        """(positions in `texts` of the texts without tokens here, the tokens of the others in
+        order): a text is found when the child tokenized that exact string and its tokens fit in
+        `max_length` (so truncation would not have cut it)."""
+        get, lengths = self.index.get, self.lengths
+        found: list[int] = []
+        missing: list[int] = []
+        at: list[int] = []
+        for pos, text in enumerate(texts):
+            i = get(text)
+            if i is not None and lengths[i] <= max_length:
+                found.append(pos)
+                at.append(i)
+            else:
+                missing.append(pos)
+        if not at:
+            return missing, None
+        return missing, self.tokens.take(np.asarray(at, dtype=np.int64))
+
+
+def merge(n: int, missing: list[int], found: TokenizedTexts | None,
+          tokenized: TokenizedTexts | None) -> TokenizedTexts:
+    """`n` texts' tokens in order, from those found early (every position not in `missing`, in
+    order) and those tokenized now (the `missing` positions, in order)."""
+    if found is None or tokenized is None:
+        result = found if tokenized is None else tokenized
+        assert result is not None and len(result) == n
+        return result
+    where = np.ones(n, dtype=bool)
+    where[missing] = False
+    positions = np.concatenate([np.flatnonzero(where), np.asarray(missing, dtype=np.int64)])
+    return TokenizedTexts.concat([found, tokenized]).take(np.argsort(positions, kind="stable"))

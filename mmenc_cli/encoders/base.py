@@ -211,7 +211,7 @@ class Encoder(ABC):
         return None
 
     def use_early_tokens(self, early: Any) -> None:
-        """Take texts' tokens from `early` (`early_tokens.EarlyTokens`) where it has them: only
+        """Take texts' tokens from `early` (an `early_table.EarlySource`) where it has them: only
         encoders that tokenize with a fast tokenizer do."""
 
     def device_seconds(self) -> float | None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from .base import AudioPreprocessor
 from .device import to_device
-from .early_tokens import EarlyTable, EarlyTokens, merge
+from .early_table import EarlySource, EarlyTable, merge
 from .forward import Inputs
 from .loading import ModelProbe
 from .preprocess import plan_image_input
@@ -85,7 +85,7 @@ class HFEncoder(TorchEncoder):
                  pooling: str, unavailable: dict[str, str] | None = None,
                  audio: AudioPreprocessor | None = None) -> None:
         self._tokenizer = tokenizer
-        self._early: EarlyTokens | None = None
+        self._early: EarlySource | None = None
         self._early_tables: dict[int, EarlyTable | None] = {}
         self.max_text_chars = None if max_length is None else max_length * CHARS_PER_TOKEN
         self._padding = "max_length" if pad_to_max_length else True
@@ -144,8 +144,8 @@ class HFEncoder(TorchEncoder):
                 return merge(len(texts), missing, found, TokenizedTexts.concat(parts) if parts else None)
         return TokenizedTexts.concat(parts) if parts else TokenizedTexts.from_lists({"input_ids": []}, [])
 
-    def use_early_tokens(self, early: EarlyTokens) -> None:
-        """Look texts up in `early` before tokenizing them (`early_tokens.py`)."""
+    def use_early_tokens(self, early: EarlySource) -> None:
+        """Look texts up in `early` before tokenizing them (`early_table.py`)."""
         self._early = early
 
     def _early_split(self, backend: Any, keys: list[str], texts: list[str]) -> tuple[list[int], TokenizedTexts | None]:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import RunConfig
 from ..encoders.base import Encoder
-from ..encoders.early_tokens import EarlyTokens
+from .early_tokens import EarlyTokens
 from ..errors import DeviceError, LockBusy, LockWaitInterrupted, MMError, OutputError
 from ..idset import HashSet64, id_hash
 from ..media.clips import require_av

@@ -7,7 +7,7 @@ only, one core) tokenizes the manifests' first texts meanwhile. When the run fir
 child is stopped and its tokens adopted, but only if its tokenizer is the loaded one (their JSON
 equal, truncation and padding aside); a text's tokens are then looked up by the exact string the
 encoder would tokenize, and only where the text is within the model's length (the child does not
-truncate). Everything else is tokenized as always, so what is encoded never depends on the child:
+truncate; `encoders/early_table.py`). Everything else is tokenized as always, so what is encoded never depends on the child:
 a text it did not reach, skipped, or got wrong in any way is simply a miss.
 
 Not for task slices, several devices or a custom encoder; `MMENC_EARLY_TOKENS=0` turns it off.
@@ -25,9 +25,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-
-from .tokens import TokenizedTexts
+from ..encoders.early_table import EarlyTable
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -143,52 +141,3 @@ def _spec(tokenizer_json: str) -> dict[str, Any]:
     spec.pop("truncation", None)
     spec.pop("padding", None)
     return spec
-
-
-class EarlyTable:
-    """The child's texts and tokens: each text's tokens by the exact string."""
-
-    def __init__(self, frames: list[dict[str, Any]], keys: Sequence[str]) -> None:
-        parts = [TokenizedTexts({k: f[k].astype(np.int64) for k in keys}, f["starts"],
-                                np.zeros(len(f["texts"]), dtype=bool)) for f in frames]
-        self.tokens = TokenizedTexts.concat(parts)
-        self.index: dict[str, int] = {}
-        at = 0
-        for f in frames:
-            for text in f["texts"]:
-                self.index.setdefault(text, at)
-                at += 1
-        self.lengths = self.tokens.lengths.tolist()
-
-    def split(self, texts: Sequence[str], max_length: int) -> tuple[list[int], TokenizedTexts | None]:
-        """(positions in `texts` of the texts without tokens here, the tokens of the others in
-        order): a text is found when the child tokenized that exact string and its tokens fit in
-        `max_length` (so truncation would not have cut it)."""
-        get, lengths = self.index.get, self.lengths
-        found: list[int] = []
-        missing: list[int] = []
-        at: list[int] = []
-        for pos, text in enumerate(texts):
-            i = get(text)
-            if i is not None and lengths[i] <= max_length:
-                found.append(pos)
-                at.append(i)
-            else:
-                missing.append(pos)
-        if not at:
-            return missing, None
-        return missing, self.tokens.take(np.asarray(at, dtype=np.int64))
-
-
-def merge(n: int, missing: list[int], found: TokenizedTexts | None,
-          tokenized: TokenizedTexts | None) -> TokenizedTexts:
-    """`n` texts' tokens in order, from those found early (every position not in `missing`, in
-    order) and those tokenized now (the `missing` positions, in order)."""
-    if found is None or tokenized is None:
-        result = found if tokenized is None else tokenized
-        assert result is not None and len(result) == n
-        return result
-    where = np.ones(n, dtype=bool)
-    where[missing] = False
-    positions = np.concatenate([np.flatnonzero(where), np.asarray(missing, dtype=np.int64)])
-    return TokenizedTexts.concat([found, tokenized]).take(np.argsort(positions, kind="stable"))

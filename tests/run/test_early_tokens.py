@@ -1,4 +1,4 @@
-"""Texts tokenized while the model loads (`encoders/early_tokens.py`): what the child sends is used
+"""Texts tokenized while the model loads (`run/early_tokens.py`, `encoders/early_table.py`): what the child sends is used
 only for its own tokenizer and only where it equals the tokenizer's own call; a run gives the same
 vectors and error rows with it and without it; where a run does not qualify, no child starts."""
 
@@ -17,11 +17,12 @@ import pytest
 
 from mmenc_cli.config import ModelConfig, RunConfig, WriterConfig
 from mmenc_cli.encoders import load_encoder
-from mmenc_cli.encoders.early_tokens import EarlyTokens, early_sources, merge, whole_frames
+from mmenc_cli.encoders.early_table import merge
 from mmenc_cli.encoders.tokens import TokenizedTexts
 from mmenc_cli.output import OutDir
 from mmenc_cli.output.embeddings import read_embeddings
 from mmenc_cli.output.report import iter_error_records
+from mmenc_cli.run.early_tokens import EarlyTokens, early_sources, whole_frames
 from mmenc_cli.run.pipeline import run_encode
 from tests import modelfactory as mf
 

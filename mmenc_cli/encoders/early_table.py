@@ -24,7 +24,7 @@ class EarlyTable:
     """The child's texts and tokens: each text's tokens by the exact string."""
 
     def __init__(self, frames: list[dict[str, Any]], keys: Sequence[str]) -> None:
-        parts = [TokenizedTexts({k: f[k].astype(np.int64) for k in keys}, f["starts"],
+        parts = [TokenizedTexts({k: f[k] for k in keys}, f["starts"],  # int32 while held
                                 np.zeros(len(f["texts"]), dtype=bool)) for f in frames]
         self.tokens = TokenizedTexts.concat(parts)
         self.index: dict[str, int] = {}
@@ -52,7 +52,9 @@ class EarlyTable:
                 missing.append(pos)
         if not at:
             return missing, None
-        return missing, self.tokens.take(np.asarray(at, dtype=np.int64))
+        found_tokens = self.tokens.take(np.asarray(at, dtype=np.int64))
+        return missing, TokenizedTexts({k: v.astype(np.int64) for k, v in found_tokens.features.items()},
+                                       found_tokens.starts, found_tokens.truncated)
 
 
 def merge(n: int, missing: list[int], found: TokenizedTexts | None,

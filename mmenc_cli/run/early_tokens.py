@@ -62,8 +62,10 @@ class EarlyTokens:
         self.reader = threading.Thread(target=self._read, name="mmenc-early-tokens", daemon=True)
         self.reader.start()
         self.lock = threading.Lock()
-        self.frames: list[Any] | None = None  # once stopped: the spec, then the chunks' dicts
-        self.tables: dict[str, EarlyTable | None] = {}
+        self.sent: int | None = None  # once stopped: the frames it sent
+        self.spec: dict[str, Any] | None = None  # the child's tokenizer, less truncation and padding
+        self.adopted: EarlyTable | None = None  # its tokens
+        self.tables: dict[str, EarlyTable | None] = {}  # by the JSON of each tokenizer that asked
 
     @classmethod
     def start(cls, cfg: "RunConfig") -> "EarlyTokens | None":
@@ -97,30 +99,31 @@ class EarlyTokens:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
-    def _frames(self) -> list[Any]:
-        """Stop the child; its whole frames (a frame cut by the stop is dropped)."""
-        if self.frames is None:
-            self.close()
-            data, self.chunks = b"".join(self.chunks), []
-            self.frames = whole_frames(data)
-        return self.frames
+    def _adopt(self, tokenizer_json: str, keys: Sequence[str]) -> None:
+        """Stop the child and, if its tokenizer is `tokenizer_json`'s, turn what it sent into the
+        one table (a frame cut by the stop is dropped); nothing else of it is kept."""
+        self.close()
+        data, self.chunks = b"".join(self.chunks), []
+        frames = whole_frames(data)
+        del data
+        self.sent = len(frames)
+        if frames and isinstance(frames[0], str):
+            self.spec = _spec(frames[0])
+            if len(frames) > 1 and _spec(tokenizer_json) == self.spec:
+                self.adopted = EarlyTable(frames[1:], keys)
 
     def table(self, tokenizer_json: str, keys: Sequence[str]) -> "EarlyTable | None":
         """The tokens to look texts up in, if the child's tokenizer is `tokenizer_json` (a loaded
         fast tokenizer's backend `to_str()`); None otherwise. The child is stopped at the first call."""
         with self.lock:
+            if self.sent is None:
+                self._adopt(tokenizer_json, keys)
             if tokenizer_json not in self.tables:
-                self.tables[tokenizer_json] = self._table(tokenizer_json, keys)
+                same = self.spec is not None and _spec(tokenizer_json) == self.spec
+                self.tables[tokenizer_json] = self.adopted if same else None
+                log.debug("early tokens: %s", f"{len(self.adopted.tokens)} texts tokenized while the model loaded"
+                          if same and self.adopted is not None else "none used (none sent, or another tokenizer)")
             return self.tables[tokenizer_json]
-
-    def _table(self, tokenizer_json: str, keys: Sequence[str]) -> "EarlyTable | None":
-        frames = self._frames()
-        if len(frames) < 2 or not isinstance(frames[0], str) or _spec(frames[0]) != _spec(tokenizer_json):
-            log.debug("early tokens not used: %s", "none sent" if len(frames) < 2 else "another tokenizer")
-            return None
-        table = EarlyTable(frames[1:], keys)
-        log.debug("early tokens: %d texts tokenized while the model loaded", len(table.tokens))
-        return table
 
 
 def whole_frames(data: bytes) -> list[Any]:

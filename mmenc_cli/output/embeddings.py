@@ -4,14 +4,13 @@ modality as one matrix) and the token embeddings of `--pooling tokens` outputs."
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from .fs import parquet_source
-from .layout import parse_shard_name
 from .outdir import OutDir
 
 

@@ -17,7 +17,8 @@ import numpy as np
 from ..idset import AttemptCounts, HashSet64, id_hash
 from ..records import ManifestRow
 from .outdir import OutDir
-from .keys import CommittedKeys, load_committed
+from .keyindex import load_committed
+from .keys import CommittedKeys
 from .report import iter_error_records, row_locator
 
 #: failures a plain re-run tries again: remote unavailable, timed out
@@ -60,9 +61,10 @@ class History:
         return bool(asked) and all(self.attempts.get(h) > 0 and h not in self.done for h in asked)
 
 
-def load_history(out: OutDir) -> History:
-    """Read the committed shards' key files (`output/keys.py`) and the error reports of every task."""
-    history = History(committed=load_committed(out, fill=True))
+def load_history(out: OutDir, owner: tuple[int, int] | None = None) -> History:
+    """Read the committed shards' keys (`output/keyindex.py`) and the error reports of every task;
+    `owner`: the (task, worker) that reads it to commit shards (`keyindex.iter_key_rows`)."""
+    history = History(committed=load_committed(out, owner))
     lines: dict[int, tuple[str, str]] = {}  # invalid lines: (time, status) of the latest row each
     for row in iter_error_records(out.error_report_paths()):
         if row.get("modality") is None:

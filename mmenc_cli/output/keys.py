@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import OutputError
 from ..idset import HashSet64, id_hash
-from .outdir import OutDir, damaged_shard, shard_keys
+from .outdir import OutDir
 
 MAGIC = b"MMKEYS1\n"
 ROW = np.dtype([("item", "<u8"), ("id", "<u8"), ("src", "<u8"), ("man", "<u4"), ("off", "<i8")])
@@ -145,44 +144,3 @@ def write_keys(out: OutDir, shard: str, rows: np.ndarray, manifests: list[str], 
     """Write a shard's key file (after the shard: a shard without one is read the old way), with
     the shard's size to check it by (OSError: a fault of the output)."""
     out.fs.publish(out.keys_path(shard), encode_keys(rows, manifests, size))
-
-
-def load_committed(out: OutDir, fill: bool = False, damaged: list[str] | None = None) -> CommittedKeys:
-    """The keys of every committed shard (`iter_key_rows`), in one structure."""
-    return CommittedKeys.build(iter_key_rows(out, fill, damaged))
-
-
-def iter_key_rows(out: OutDir, fill: bool = False,
-                  damaged: list[str] | None = None) -> Iterator[tuple[Any, Any, np.ndarray]]:
-    """(shard, key file, key rows) of every committed shard, from the key files; a shard without
-    one is read the old way (its sources unknown) and, with `fill`, given one so the next run
-    reads it the new way. Shards themselves are not opened (one listing gives their sizes): one
-    whose size differs from the size its key file (or, in an older output, its shard log)
-    recorded at commit is damaged: it raises `OutputError`, or with `damaged` is named there and
-    left out."""
-    from .shardlog import read_logs
-
-    logged = {name: entry.get("bytes") for entries in read_logs(out).values() for name, entry in entries.items()}
-    entries = out.shard_entries()
-    paths = [out.keys_path(shard.name) for shard, _ in entries]
-    for (shard, size), path, data in zip(entries, paths, out.fs.read_many(paths)):
-        loaded = parse_keys(data)
-        expected = (loaded[2] if loaded is not None and loaded[2] is not None else logged.get(shard.name))
-        if loaded is not None and expected not in (None, size):
-            problem = damaged_shard(shard, ValueError(f"{size} bytes, committed with {expected}"))
-            if damaged is None:
-                raise OutputError(problem)
-            damaged.append(problem)
-            continue
-        if loaded is None:
-            found = shard_keys(out, shard, damaged)
-            if found is None:
-                continue
-            rows, manifests = key_rows(*found, None)
-            if fill:
-                try:
-                    write_keys(out, shard.name, rows, manifests, size)
-                except OSError:  # a read-only output still resumes, the old way
-                    pass
-            loaded = rows, manifests, size
-        yield shard, path, loaded[0]

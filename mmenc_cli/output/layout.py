@@ -14,6 +14,7 @@ readers pointed at OUT see only embeddings::
         sidecars/part-....pq               ids + kept fields of safetensors shards
         index/part-....pq                  ids, grids, sizes + kept fields of token shards
         keys/part-....keys                 per shard: (id, modality) and source hashes (`keys.py`)
+        packs/part-....pack                the key files of consecutive shards of one runner, in one file
         locks/task-00000.lock              one lock per (OUT, task); task-00000-w01.lock per device worker
         slurm/, logs/                      sbatch scripts from `mmenc slurm`, array task logs
         tmp/                               shards being written (renamed into place when complete)
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 META = "_mmenc"
 SHARD_EXTS = (".parquet", ".safetensors")
 #: the folders under `_mmenc/` a run makes
-FOLDERS = ("tasks", "errors", "sidecars", "index", "keys", "locks", "tmp")
+FOLDERS = ("tasks", "errors", "sidecars", "index", "keys", "packs", "locks", "tmp")
 #: side files are Parquet named `.pq`, so tools that glob OUT for `*.parquet` (embedding-reader)
 #: see only the embedding shards; outputs written before read with their `.parquet` side files
 SIDE_EXT, LEGACY_SIDE_EXT = ".pq", ".parquet"
@@ -130,6 +131,16 @@ def side_name(shard: str, ext: str = SIDE_EXT) -> str:
 
 def keys_name(shard: str) -> str:
     return shard.rsplit(".", 1)[0] + ".keys"
+
+
+def pack_name(first_shard: str) -> str:
+    """A key pack's name: its first shard's, as `.pack`."""
+    return first_shard.rsplit(".", 1)[0] + ".pack"
+
+
+def parse_pack_name(name: str) -> ShardName | None:
+    """A key pack's first shard (its extension unknown: `parquet`); None for anything else."""
+    return parse_shard_name(name[:-len(".pack")] + ".parquet") if name.endswith(".pack") else None
 
 
 def script_name(stamp: str, n: int = 1) -> str:

@@ -94,6 +94,14 @@ class OutDir:
         """The key file of a shard (`keys.py`): its (id, modality) hashes and sources."""
         return self.meta / "keys" / layout.keys_name(shard)
 
+    def pack_path(self, first_shard: str) -> Path:
+        """A key pack (`packs.py`) whose first shard is `first_shard`."""
+        return self.meta / "packs" / layout.pack_name(first_shard)
+
+    def pack_paths(self) -> list[Any]:
+        """Every key pack (none in an output written before packs)."""
+        return sorted(p for p in self._list("packs") if layout.parse_pack_name(p.name) is not None)
+
     def tmp_path(self, name: str) -> Path:
         return self.meta / "tmp" / layout.tmp_name(name)
 
@@ -218,7 +226,7 @@ class OutDir:
                 self.fs.remove(path)
                 removed += 1
         shards = self.sizes()
-        for folder in ("sidecars", "index", "keys"):  # safetensors sidecars, token-shard indexes, key files
+        for folder in ("sidecars", "index", "keys", "packs"):  # side files, key files, key packs
             for path in self._list(folder):
                 stem = path.name.split(".", 1)[0]
                 if path.name.startswith("." + prefix) and path.name.endswith(".tmp"):  # a write killed half-way

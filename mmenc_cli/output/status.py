@@ -33,7 +33,8 @@ from ..errors import OutputError
 from ..idset import hash_many
 from .damage import missing_shard_problems, run_meta_problem, task_meta_problems
 from .fs import read_json
-from .keys import UNKNOWN, iter_key_rows
+from .keyindex import iter_key_rows
+from .keys import UNKNOWN
 from .layout import parse_shard_name
 from .outdir import OutDir, iter_shard_keys
 

@@ -27,6 +27,7 @@ from ..stopping import Interrupted, interruptible
 from .outdir import OutDir
 from .fs import read_json
 from .history import History, load_history
+from .keyindex import PackWriter
 from .keys import key_rows, write_keys
 from .layout import report_part_name, shard_name
 from .lease import Lease
@@ -95,13 +96,14 @@ class TaskOutput:
         self.interrupted = False
         self.report: ErrorReportWriter | PartReportWriter | None = None
         self._seq = 0
+        self._packs = PackWriter(out)
         self._record_lock = threading.Lock()  # the heartbeat rewrites the record the run writes
         self._last: dict[str, Any] = {}
 
     def commit(self, shard: Any, writer: Any) -> Committed:
         """Commit one shard (`writers.ShardData`, encoded by a `writers.ShardWriter`): its side
         files, then the shard under its name (the commit), then its key file and, locally, the
-        shard log. A fault of the output (`OSError`) or a name another runner of the task took
+        shard log; its keys go into the runner's next key pack (`keyindex.py`). A fault of the output (`OSError`) or a name another runner of the task took
         first (`LockBusy`) is `Committed.fault`: nothing more should be written; anything else (a
         writer's ValueError) fails this shard alone."""
         req = self.request
@@ -112,13 +114,15 @@ class TaskOutput:
             committed = self.out.publish_shard_files(name, files)
             size = self.out.size_of(committed)
             sources = [(r.manifest, r.locator, r.offset) for r in shard.refs]
-            write_keys(self.out, name, *key_rows(shard.ids, shard.modalities, sources), size)
+            rows, manifests = key_rows(shard.ids, shard.modalities, sources)
+            write_keys(self.out, name, rows, manifests, size)
         except (OSError, LockBusy) as exc:
             return Committed(name, exc, fault=True)
         except Exception as exc:  # the run turns the shard's items into error rows
             return Committed(name, exc)
         if not self.out.in_store:
             log_commit(self.out, req.task, req.worker, committed, len(shard), size)  # a fault ends the run
+        self._packs.add(name, rows, manifests, size)
         return Committed(name)
 
     def flush_report(self, records: list[ErrorRecord], sync: bool) -> None:
@@ -137,6 +141,7 @@ class TaskOutput:
         try:
             if isinstance(self._claim, Lease):
                 self._claim.release()  # no heartbeat may overwrite the final record
+            self._packs.flush()
             if isinstance(self.report, PartReportWriter) and lost:
                 self.report.discard()
             if self.report is not None:
@@ -263,7 +268,7 @@ def _ready(task: TaskOutput) -> None:
             # the sequence before the history: its shards are all in the history, so a second runner
             # that started unseen reuses a name the first one commits (and stops there), never skips ahead
             task._seq = out.next_seq(req.task, req.worker)
-            task.history = load_history(out)
+            task.history = load_history(out, (req.task, req.worker))
     except Interrupted:
         task.interrupted = True
         return

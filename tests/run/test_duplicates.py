@@ -91,12 +91,13 @@ def test_a_resume_reads_key_files_not_shards(tmp_path: Path, monkeypatch: pytest
     run([m], out)
     od = OutDir(out)
     assert len(list((od.meta / "keys").glob("*.keys"))) == len(od.shards()) == 3
-    for key_file in (od.meta / "keys").glob("*.keys"):  # an output of an earlier mmenc: no key files
-        key_file.unlink()
+    assert len(list((od.meta / "packs").glob("*.pack"))) == 1
+    for key_file in [*(od.meta / "keys").glob("*.keys"), *(od.meta / "packs").glob("*.pack")]:
+        key_file.unlink()  # an output of an earlier mmenc: no key files, no packs
     opened: list[str] = []
     real = pq.read_table
     monkeypatch.setattr(pq, "read_table", lambda source, **kw: opened.append(str(source)) or real(source, **kw))
-    assert len(load_history(od).done) == 12 and len(opened) == 3  # read the old way once, key files written
+    assert len(load_history(od, (0, 0)).done) == 12 and len(opened) == 3  # read the old way once, key files written
     opened.clear()
     again = run([m], out)
     assert again.counters.encoded_now == 0 and again.counters.mod("text").encoded_before == 12 and not opened

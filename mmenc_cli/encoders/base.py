@@ -210,9 +210,10 @@ class Encoder(ABC):
         for another thread than `encode`'s when `other_thread`. None: `encode` takes strings only."""
         return None
 
-    def use_early_tokens(self, early: Any) -> None:
-        """Take texts' tokens from `early` (an `early_table.EarlySource`) where it has them: only
-        encoders that tokenize with a fast tokenizer do."""
+    def use_early_tokens(self, early: Any) -> bool:
+        """Take texts' tokens from `early` (an `early_table.EarlySource`) where it has them; False
+        where this encoder never will (only encoders that tokenize with a fast tokenizer do)."""
+        return False
 
     def device_seconds(self) -> float | None:
         """Seconds the accelerator spent in forward passes so far; None where not measured."""

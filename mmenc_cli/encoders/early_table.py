@@ -15,24 +15,30 @@ from .tokens import TokenizedTexts
 
 class EarlySource(Protocol):
     """Where an encoder gets early tokens: the table for its tokenizer, or None if they were made
-    by another one (`tokenizer_json`: the loaded fast tokenizer's backend `to_str()`)."""
+    by another one (`tokenizer_json`: the loaded fast tokenizer's backend `to_str()`); `release`
+    when it needs no more."""
 
-    def table(self, tokenizer_json: str, keys: Sequence[str]) -> "EarlyTable | None": ...
+    def table(self, tokenizer_json: str, keys: Sequence[str], max_length: int) -> "EarlyTable | None": ...
+
+    def release(self) -> None: ...
 
 
 class EarlyTable:
-    """The child's texts and tokens: each text's tokens by the exact string."""
+    """The child's texts and tokens: each text's tokens by the exact string; only texts whose
+    tokens fit in `max_length` are kept (truncation would have cut the others)."""
 
-    def __init__(self, frames: list[dict[str, Any]], keys: Sequence[str]) -> None:
-        parts = [TokenizedTexts({k: f[k] for k in keys}, f["starts"],  # int32 while held
-                                np.zeros(len(f["texts"]), dtype=bool)) for f in frames]
+    def __init__(self, frames: list[dict[str, Any]], keys: Sequence[str], max_length: int) -> None:
+        parts, texts = [], []
+        for f in frames:  # frame by frame: what is dropped is never copied
+            part = TokenizedTexts({k: f[k] for k in keys}, f["starts"], np.zeros(len(f["texts"]), dtype=bool))
+            keep = np.flatnonzero(part.lengths <= max_length)
+            parts.append(part.take(keep))  # int32 while held
+            texts += [f["texts"][i] for i in keep.tolist()]
+            f.clear()
         self.tokens = TokenizedTexts.concat(parts)
         self.index: dict[str, int] = {}
-        at = 0
-        for f in frames:
-            for text in f["texts"]:
-                self.index.setdefault(text, at)
-                at += 1
+        for at, text in enumerate(texts):
+            self.index.setdefault(text, at)
         self.lengths = self.tokens.lengths.tolist()
 
     def split(self, texts: Sequence[str], max_length: int) -> tuple[list[int], TokenizedTexts | None]:

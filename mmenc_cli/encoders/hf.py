@@ -144,19 +144,31 @@ class HFEncoder(TorchEncoder):
                 return merge(len(texts), missing, found, TokenizedTexts.concat(parts) if parts else None)
         return TokenizedTexts.concat(parts) if parts else TokenizedTexts.from_lists({"input_ids": []}, [])
 
-    def use_early_tokens(self, early: EarlySource) -> None:
-        """Look texts up in `early` before tokenizing them (`early_table.py`)."""
-        self._early = early
+    def use_early_tokens(self, early: EarlySource) -> bool:
+        """Look texts up in `early` before tokenizing them (`early_table.py`), where texts go
+        through a fast tokenizer's backend with a length limit."""
+        usable = "text" in self.modalities and self.max_length is not None and getattr(self._tokenizer, "is_fast", False)
+        self._early = early if usable else None
+        return bool(usable)
 
     def _early_split(self, backend: Any, keys: list[str], texts: list[str]) -> tuple[list[int], TokenizedTexts | None]:
         """(positions of the texts to tokenize now, the tokens of the others) from the early
-        tokens where the tokenizer is theirs; ([], None) without them."""
-        if self._early is None:
+        tokens where the tokenizer is theirs; ([], None) without them. A window with none of
+        them releases them: the child tokenized the manifests' first texts, in order."""
+        early = self._early
+        if early is None:
             return [], None
-        if id(backend) not in self._early_tables:  # each thread's tokenizer copy is compared once
-            self._early_tables[id(backend)] = self._early.table(backend.to_str(), keys)
-        table = self._early_tables[id(backend)]
-        return table.split(texts, self.max_length) if table is not None else ([], None)
+        if getattr(backend, "encode_special_tokens", False):  # split_special_tokens: not in its JSON
+            table = None
+        elif id(backend) not in self._early_tables:  # each thread's tokenizer copy is compared once
+            table = self._early_tables[id(backend)] = early.table(backend.to_str(), keys, self.max_length)
+        else:
+            table = self._early_tables[id(backend)]
+        missing, found = table.split(texts, self.max_length) if table is not None else ([], None)
+        if found is None:
+            self._early, self._early_tables = None, {}
+            early.release()
+        return missing, found
 
     def _tokenize_lists(self, texts: list[str], tokenizer: Any) -> TokenizedTexts:
         """Texts through the tokenizer's own call (any tokenizer), kept as flat arrays."""

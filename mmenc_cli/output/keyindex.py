@@ -68,33 +68,38 @@ def parse_pack(data: bytes | None) -> list[Packed] | None:
             out.append(Packed(str(s["name"]), rows[at:at + n], [str(m) for m in s.get("manifests") or []],
                               int(size) if isinstance(size, int) else None))
             at += n
-    except (ValueError, KeyError, TypeError):
+    except Exception:  # anything a damaged header makes of it (ValueError, OverflowError, ...)
         return None
     return out
 
 
 def load_packs(out: OutDir, committed: set[str], owner: tuple[int, int] | None = None) -> dict[str, Packed]:
-    """Every packed shard's keys, by shard name (one listing, one read a pack). With `owner`
-    (task, worker), that runner's packs that name a shard no longer `committed` (one deleted by
-    hand, whose name the run may now give a new shard) or cannot be read are removed: their
-    shards' key files are read next time."""
+    """Every packed shard's keys, by shard name (one listing, one read a pack). A pack that names
+    a shard no longer `committed` (one deleted by hand, whose name its runner may give a new
+    shard) is not used, and with `owner` (task, worker) that runner's such packs are removed,
+    as are its packs that cannot be parsed: their shards' key files are read instead."""
     found: dict[str, Packed] = {}
     paths = out.pack_paths()
     for path, data in zip(paths, out.fs.read_many(paths)):
         shards = parse_pack(data)
-        if shards is None or any(s.name not in committed for s in shards):
-            first = parse_pack_name(path.name)
-            if owner is not None and first is not None and (first.task, first.worker) == owner:
-                _drop(out, path)
-        for shard in shards or []:
+        stale = shards is not None and any(s.name not in committed for s in shards)
+        first = parse_pack_name(path.name)
+        if owner is not None and first is not None and (first.task, first.worker) == owner \
+                and (stale or (data is not None and shards is None)):
+            _drop(out, path, must=stale)
+        for shard in shards if shards is not None and not stale else []:
             found.setdefault(shard.name, shard)
     return found
 
 
-def _drop(out: OutDir, path: Any) -> None:
+def _drop(out: OutDir, path: Any, must: bool) -> None:
+    """Remove a runner's pack; one that names a shard gone `must` go before the runner commits."""
     try:
         out.fs.remove(path)
-    except OSError as exc:  # a read-only output: its packs stay, nothing is committed to it
+    except OSError as exc:
+        if must:
+            raise OutputError(f"key pack {path} names a shard that is gone and cannot be removed "
+                              f"({exc.strerror or exc}); remove it, then run again") from exc
         log.debug("key pack %s not removed: %s", path, exc)
 
 

@@ -95,7 +95,7 @@ class OutDir:
         return self.meta / "keys" / layout.keys_name(shard)
 
     def pack_path(self, first_shard: str) -> Path:
-        """A key pack (`packs.py`) whose first shard is `first_shard`."""
+        """A key pack (`keyindex.py`) whose first shard is `first_shard`."""
         return self.meta / "packs" / layout.pack_name(first_shard)
 
     def pack_paths(self) -> list[Any]:

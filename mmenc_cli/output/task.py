@@ -139,9 +139,9 @@ class TaskOutput:
         the output, a record that cannot be written is not an error of its own; `lost`: another
         runner took the task, which reports the items, so rows not written yet are dropped."""
         try:
+            self._packs.flush()
             if isinstance(self._claim, Lease):
                 self._claim.release()  # no heartbeat may overwrite the final record
-            self._packs.flush()
             if isinstance(self.report, PartReportWriter) and lost:
                 self.report.discard()
             if self.report is not None:

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 
 CHUNK = 2048  # texts per frame (and per tokenizer call)
 MAX_CHARS = 4096  # longer texts are the parent's to cut and tokenize
+MAX_TOTAL_CHARS = 1 << 25  # characters sent at most (what the parent holds until it adopts them)
 
 
 def die_with_parent(parent: int) -> None:
@@ -39,8 +40,8 @@ def die_with_parent(parent: int) -> None:
 
 
 def texts(paths: list[str], key: str, prefix: str, max_lines: int) -> Iterator[str]:
-    """The texts of the manifests' first `max_lines` lines, in order."""
-    lines = 0
+    """The texts of the manifests' first `max_lines` lines, in order, up to `MAX_TOTAL_CHARS`."""
+    lines = chars = 0
     for path in paths:
         with open(path, "rb") as fh:
             for line in fh:
@@ -53,6 +54,9 @@ def texts(paths: list[str], key: str, prefix: str, max_lines: int) -> Iterator[s
                     continue
                 text = record.get(key) if type(record) is dict else None
                 if type(text) is str and text.strip() and len(text) <= MAX_CHARS and _utf8(text):
+                    chars += len(text)
+                    if chars > MAX_TOTAL_CHARS:
+                        return
                     yield prefix + text
 
 
@@ -85,7 +89,7 @@ def tokens(encode: Any, chunk: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    die_with_parent(os.getppid())
+    die_with_parent(int(os.environ.get("MMENC_EARLY_PARENT") or os.getppid()))
     tokenizer_json, key, prefix, max_lines, *paths = argv
     tokenizer = Tokenizer.from_file(tokenizer_json)
     tokenizer.no_truncation()

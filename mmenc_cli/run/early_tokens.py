@@ -76,7 +76,8 @@ class EarlyTokens:
         tokenizer, paths = sources
         args = [sys.executable, str(CHILD), tokenizer, cfg.manifest.text_key or "text", cfg.model.text_prefix,
                 str(MAX_LINES), *paths]
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}  # one core: the one the start-up leaves
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",  # one core: the one the start-up leaves
+               "MMENC_EARLY_PARENT": str(os.getpid())}
         try:
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, env=env)
@@ -99,7 +100,15 @@ class EarlyTokens:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
-    def _adopt(self, tokenizer_json: str, keys: Sequence[str]) -> None:
+    def release(self) -> None:
+        """Stop the child and drop everything it sent (the encoder needs none, or no more)."""
+        with self.lock:
+            self.close()
+            self.chunks, self.adopted, self.spec = [], None, None
+            self.tables = {key: None for key in self.tables}
+            self.sent = self.sent or 0
+
+    def _adopt(self, tokenizer_json: str, keys: Sequence[str], max_length: int) -> None:
         """Stop the child and, if its tokenizer is `tokenizer_json`'s, turn what it sent into the
         one table (a frame cut by the stop is dropped); nothing else of it is kept."""
         self.close()
@@ -110,20 +119,29 @@ class EarlyTokens:
         if frames and isinstance(frames[0], str):
             self.spec = _spec(frames[0])
             if len(frames) > 1 and _spec(tokenizer_json) == self.spec:
-                self.adopted = EarlyTable(frames[1:], keys)
+                self.adopted = EarlyTable(frames[1:], keys, max_length)
 
-    def table(self, tokenizer_json: str, keys: Sequence[str]) -> "EarlyTable | None":
+    def table(self, tokenizer_json: str, keys: Sequence[str], max_length: int) -> "EarlyTable | None":
         """The tokens to look texts up in, if the child's tokenizer is `tokenizer_json` (a loaded
-        fast tokenizer's backend `to_str()`); None otherwise. The child is stopped at the first call."""
+        fast tokenizer's backend `to_str()`); None otherwise, or when anything about what it sent
+        is amiss. The child is stopped at the first call."""
         with self.lock:
-            if self.sent is None:
-                self._adopt(tokenizer_json, keys)
-            if tokenizer_json not in self.tables:
-                same = self.spec is not None and _spec(tokenizer_json) == self.spec
-                self.tables[tokenizer_json] = self.adopted if same else None
-                log.debug("early tokens: %s", f"{len(self.adopted.tokens)} texts tokenized while the model loaded"
-                          if same and self.adopted is not None else "none used (none sent, or another tokenizer)")
-            return self.tables[tokenizer_json]
+            try:
+                return self._table(tokenizer_json, keys, max_length)
+            except Exception as exc:  # never worse than no early tokens
+                log.debug("early tokens not used: %r", exc)
+                self.tables[tokenizer_json] = self.adopted = None
+                return None
+
+    def _table(self, tokenizer_json: str, keys: Sequence[str], max_length: int) -> "EarlyTable | None":
+        if self.sent is None:
+            self._adopt(tokenizer_json, keys, max_length)
+        if tokenizer_json not in self.tables:
+            same = self.spec is not None and _spec(tokenizer_json) == self.spec
+            self.tables[tokenizer_json] = self.adopted if same else None
+            log.debug("early tokens: %s", f"{len(self.adopted.tokens)} texts tokenized while the model loaded"
+                      if same and self.adopted is not None else "none used (none sent, or another tokenizer)")
+        return self.tables[tokenizer_json]
 
 
 def whole_frames(data: bytes) -> list[Any]:

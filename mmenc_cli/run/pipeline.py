@@ -144,8 +144,8 @@ class EncodeRun:
             hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron and Slurm logs
         with interruptible(self.stop):
             self.encoder = factory(self.cfg.model, device=self.device)
-        if self.early is not None:
-            self.encoder.use_early_tokens(self.early)
+        if self.early is not None and not self.encoder.use_early_tokens(self.early):
+            self.early.release()  # the child's core and what it sent go back at once
         self.counters.add_seconds("load", time.perf_counter() - t0)
         log.debug("model %s loaded in %.1f s", self.cfg.model.model, time.perf_counter() - t0)
         check_commit(self.cfg.writer.out, self.cfg.model.model, self.facts or {}, self.encoder.info)

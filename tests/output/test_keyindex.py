@@ -114,3 +114,38 @@ def test_a_shard_whose_size_changed_is_damaged_by_its_pack_too(tmp_path: Path) -
         key_file.unlink()  # only the pack knows its size
     with pytest.raises(OutputError, match=r"part-t00000-w00-000000\.parquet.*committed with"):
         load_history(od)
+
+
+def test_a_stale_pack_its_runner_cannot_remove_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m, out = manifest(tmp_path / "m.jsonl"), tmp_path / "out"
+    run(m, out)
+    od = OutDir(out)
+    od.shards()[-1].unlink()  # its name would be given again, under the pack's old keys
+    real = LocalFS.remove
+    monkeypatch.setattr(LocalFS, "remove", lambda fs, path: (_ for _ in ()).throw(PermissionError(13, "denied"))
+                        if str(path).endswith(".pack") else real(fs, path))
+    with pytest.raises(OutputError, match="part-t00000-w00-000010.pack names a shard that is gone"):
+        load_history(od, (0, 0))
+    history = load_history(od)  # a reader that commits nothing: the stale pack is not used, nor removed
+    assert len(history.done) == N - 1
+    assert len(load_history(od, (1, 0)).done) == N - 1  # another runner's stale pack is not its to remove
+    assert (od.meta / "packs" / "part-t00000-w00-000010.pack").exists()
+
+
+@pytest.mark.parametrize("head", [b'{"shards": [{"name": "x", "rows": 1e400}]}', b"[" * 100000])
+def test_a_pack_header_of_any_damage_is_passed_over(tmp_path: Path, head: bytes) -> None:
+    m, out = manifest(tmp_path / "m.jsonl"), tmp_path / "out"
+    run(m, out)
+    pack = OutDir(out).meta / "packs" / "part-t00000-w00-000000.pack"
+    pack.write_bytes(b"MMPACK1\n" + head + b"\n")
+    assert len(load_history(OutDir(out), (0, 0)).done) == N and not pack.exists()
+
+
+def test_a_pack_that_could_not_be_read_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m, out = manifest(tmp_path / "m.jsonl"), tmp_path / "out"
+    run(m, out)
+    real = LocalFS.read_many
+    monkeypatch.setattr(LocalFS, "read_many", lambda fs, paths: (None if str(p).endswith(".pack") else data
+                                                                 for p, data in zip(paths, real(fs, paths))))
+    assert len(load_history(OutDir(out), (0, 0)).done) == N  # a failed GET: the key files are read
+    assert len(list((OutDir(out).meta / "packs").iterdir())) == 3

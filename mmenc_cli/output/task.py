@@ -19,6 +19,7 @@ import logging
 import os
 import platform
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -284,19 +285,35 @@ def _report(task: TaskOutput) -> ErrorReportWriter | PartReportWriter:
                             lambda k: report_part_name(req.task, req.worker, task._seq, runner, k))
 
 
+def _recorded(out: OutDir) -> Any:
+    """run.json's content (None for a new output). A first read that finds none while OUT holds
+    shards looks again: another task may have written run.json and a shard in between, and a
+    store with weaker consistency than S3's (or a busy one) may show an object late. OutputError
+    when OUT holds shards but still no run.json."""
+    recorded = out.read_run_meta()
+    if recorded is not None or not out.shards():
+        return recorded
+    for wait in (0.0, 0.5, 1.0, 2.0) if out.in_store else (0.0,):
+        time.sleep(wait)
+        recorded = out.read_run_meta()
+        if recorded is not None:
+            return recorded
+    if out.run_meta_path.exists():
+        return None  # there but unreadable: damaged
+    raise OutputError(f"{out.root} holds shards but no {out.run_meta_path.name}: "
+                      "not an mmenc output, or damaged; use --overwrite to start over")
+
+
 def _admit(out: OutDir, admission: Admission) -> dict[str, Any]:
     """The output's facts when this run's options match its run.json; a new output's, recorded
     in a new run.json. OutputError when the options differ, or run.json is damaged, or OUT holds
     shards but no run.json."""
-    recorded = out.read_run_meta()
+    recorded = _recorded(out)
     if recorded is not None and not isinstance(recorded, dict) or recorded is None and out.run_meta_path.exists():
         raise OutputError(f"{out.run_meta_path} is damaged (not the run's options and facts): restore it, or "
                           "start over with --overwrite")
     fingerprint = admission.fingerprint(recorded)
     if recorded is None:
-        if out.shards():
-            raise OutputError(f"{out.root} holds shards but no {out.run_meta_path.name}: "
-                              "not an mmenc output, or damaged; use --overwrite to start over")
         meta = admission.create(fingerprint)
         if out.create_run_meta(meta):
             return dict(meta["facts"])

@@ -39,23 +39,19 @@ class EarlyTable:
         self.index: dict[str, int] = {}
         for at, text in enumerate(texts):
             self.index.setdefault(text, at)
-        self.lengths = self.tokens.lengths.tolist()
 
-    def split(self, texts: Sequence[str], max_length: int) -> tuple[list[int], TokenizedTexts | None]:
+    def split(self, texts: Sequence[str]) -> tuple[list[int], TokenizedTexts | None]:
         """(positions in `texts` of the texts without tokens here, the tokens of the others in
-        order): a text is found when the child tokenized that exact string and its tokens fit in
-        `max_length` (so truncation would not have cut it)."""
-        get, lengths = self.index.get, self.lengths
-        found: list[int] = []
+        order): a text is found when the child tokenized that exact string (within the length)."""
+        get = self.index.get
         missing: list[int] = []
         at: list[int] = []
         for pos, text in enumerate(texts):
             i = get(text)
-            if i is not None and lengths[i] <= max_length:
-                found.append(pos)
-                at.append(i)
-            else:
+            if i is None:
                 missing.append(pos)
+            else:
+                at.append(i)
         if not at:
             return missing, None
         found_tokens = self.tokens.take(np.asarray(at, dtype=np.int64))

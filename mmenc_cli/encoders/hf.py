@@ -164,7 +164,7 @@ class HFEncoder(TorchEncoder):
             table = self._early_tables[id(backend)] = early.table(backend.to_str(), keys, self.max_length)
         else:
             table = self._early_tables[id(backend)]
-        missing, found = table.split(texts, self.max_length) if table is not None else ([], None)
+        missing, found = table.split(texts) if table is not None else ([], None)
         if found is None:
             self._early, self._early_tables = None, {}
             early.release()

@@ -104,9 +104,10 @@ class TaskOutput:
     def commit(self, shard: Any, writer: Any) -> Committed:
         """Commit one shard (`writers.ShardData`, encoded by a `writers.ShardWriter`): its side
         files, then the shard under its name (the commit), then its key file and, locally, the
-        shard log; its keys go into the runner's next key pack (`keyindex.py`). A fault of the output (`OSError`) or a name another runner of the task took
-        first (`LockBusy`) is `Committed.fault`: nothing more should be written; anything else (a
-        writer's ValueError) fails this shard alone."""
+        shard log; its keys go into the runner's next key pack (`keyindex.py`). A fault of the
+        output (`OSError`) or a name another runner of the task took first (`LockBusy`) is
+        `Committed.fault`: nothing more should be written; anything else (a writer's ValueError)
+        fails this shard alone."""
         req = self.request
         name = shard_name(req.task, req.worker, self._seq, writer.ext)
         self._seq += 1

@@ -1,7 +1,7 @@
-"""Run by `early_tokens.py` as a script (no mmenc import): tokenize the texts of JSONL manifests on
-a spare core while the parent process imports torch and loads its model.
+"""Run by `early_tokens.py` (imports only `tokenizers`, numpy and `lifeline`): tokenize the texts of
+JSONL manifests on a spare core while the parent process imports torch and loads its model.
 
-    python early_child.py TOKENIZER_JSON TEXT_KEY PREFIX MAX_LINES PATH...
+    python -m mmenc_cli.run.early_child TOKENIZER_JSON TEXT_KEY PREFIX MAX_LINES PATH...
 
 Writes frames to stdout, each an 8-byte little-endian length and a pickle: first the tokenizer's
 JSON as loaded here (no truncation, no padding), then one frame per chunk of texts: the texts
@@ -12,11 +12,9 @@ the parent tokenizes whatever it finds no tokens for. Dies with its parent (PR_S
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import pickle
-import signal
 import sys
 from itertools import chain
 from typing import Any, Iterator
@@ -24,19 +22,11 @@ from typing import Any, Iterator
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..lifeline import die_with_parent
+
 CHUNK = 2048  # texts per frame (and per tokenizer call)
 MAX_CHARS = 4096  # longer texts are the parent's to cut and tokenize
 MAX_TOTAL_CHARS = 1 << 25  # characters sent at most (what the parent holds until it adopts them)
-
-
-def die_with_parent(parent: int) -> None:
-    """SIGKILL when the parent dies (Linux); nothing elsewhere."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # gone before the prctl
-        os._exit(0)
 
 
 def texts(paths: list[str], key: str, prefix: str, max_lines: int) -> Iterator[str]:

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mmenc")
 
-CHILD = Path(__file__).with_name("early_child.py")
+CHILD = "mmenc_cli.run.early_child"
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where this mmenc_cli is imported from
 #: manifest lines the child reads at most (its tokens are held for the whole run)
 MAX_LINES = 131072
 MANIFESTS = (".jsonl", ".ndjson")
@@ -74,10 +75,11 @@ class EarlyTokens:
         if sources is None:
             return None
         tokenizer, paths = sources
-        args = [sys.executable, str(CHILD), tokenizer, cfg.manifest.text_key or "text", cfg.model.text_prefix,
+        args = [sys.executable, "-m", CHILD, tokenizer, cfg.manifest.text_key or "text", cfg.model.text_prefix,
                 str(MAX_LINES), *paths]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",  # one core: the one the start-up leaves
-               "MMENC_EARLY_PARENT": str(os.getpid())}
+               "MMENC_EARLY_PARENT": str(os.getpid()),
+               "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
         try:
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, env=env)

@@ -18,6 +18,11 @@ from tests.fakes import FakeEncoder, factory
 from tests.runs import make_cfg
 
 
+def manifest(path: Path) -> Path:
+    path.write_text("".join(json.dumps({"id": f"t{i}", "text": f"text {i}"}) + "\n" for i in range(12)))
+    return path
+
+
 def encode(m: Path, out: str) -> Any:
     return run_encode(make_cfg([m], out), encoder_factory=factory(FakeEncoder()))
 
@@ -25,8 +30,7 @@ def encode(m: Path, out: str) -> Any:
 @pytest.fixture
 def bucket_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
     monkeypatch.setattr(task.time, "sleep", lambda s: None)
-    m = tmp_path / "m.jsonl"
-    m.write_text("".join(json.dumps({"id": f"t{i}", "text": f"text {i}"}) + "\n" for i in range(12)))
+    m = manifest(tmp_path / "m.jsonl")
     out = f"memory://bkt-{uuid.uuid4().hex}/emb"
     assert encode(m, out).counters.encoded_now == 12
     return m, out
@@ -57,8 +61,7 @@ def test_shards_without_run_json_are_refused_after_the_second_look(bucket_output
 
 def test_a_task_that_looked_just_before_another_wrote_run_json_goes_on(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    m = tmp_path / "m.jsonl"
-    m.write_text("".join(json.dumps({"id": f"t{i}", "text": f"text {i}"}) + "\n" for i in range(12)))
+    m = manifest(tmp_path / "m.jsonl")
     out = str(tmp_path / "out")
     encode(m, out)  # "the other task": run.json and shards, written while this one looked
     real, first = OutDir.read_run_meta, [True]

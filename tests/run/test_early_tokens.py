@@ -83,7 +83,7 @@ def test_tokens_sent_early_are_the_tokenizers_own(model: Path, tmp_path: Path) -
         same(fn(asked), want)
     (table,) = {id(t): t for t in early.tables.values()}.values()
     assert table is not None
-    missing, found = table.split(asked, enc.max_length)
+    missing, found = table.split(asked)
     # looked up, not tokenized again: every text the child sent that truncation leaves whole
     sent = set(body)
     assert missing == [i for i, text in enumerate(asked) if text not in sent or want.truncated[i]]

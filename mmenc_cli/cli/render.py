@@ -278,10 +278,13 @@ def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
         table.add_row(str(t.task), f"[{style}]{state}[/]", str(t.encoded), str(t.errors),
                       "[red]yes[/]" if t.needs_rerun else "", updated, escape(t.host or ""), escape(t.reason or ""))
     con.print(table)
+    for problem in r.problems:
+        con.print(f"[red]problem[/]: {escape(printable(problem))}", soft_wrap=True)
     d = r.duplicates
     if d:
-        con.print(f"[red]duplicates[/]: {escape(duplicates_line(d))}", soft_wrap=True)
-    if r.all_done:
+        con.print(f"[red]duplicates[/]: {escape(duplicates_line(d))}: each is encoded twice; keep one per id "
+                  "when reading, or re-encode into a new --out", soft_wrap=True)
+    if r.all_done and not r.problems and not d:
         con.print("[green]all tasks done[/]")
     if rerun_hint:
         con.print(escape(rerun_hint), soft_wrap=True)

@@ -44,5 +44,7 @@ def _rerun_hint(report: Any) -> str | None:
     script = latest_script(report.out)
     if script:
         return f"{what}: sbatch --array={tasks} {shlex.quote(str(script))}"
+    if report.task_count == 1:
+        return f"{what}: run the same mmenc encode command again (it encodes only what is missing)"
     index = tasks if len(report.rerun) == 1 else f"<each of {tasks}>"
     return f"{what}: mmenc encode ... --task-count {report.task_count} --task-index {index}"

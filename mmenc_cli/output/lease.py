@@ -29,11 +29,13 @@ _POLL_S = 5.0
 
 
 def alive(record: Any, now: float | None = None) -> bool:
-    """Whether a task record says running with a fresh heartbeat."""
+    """Whether a task record says running with a fresh heartbeat, and its process is not known
+    dead (a run on this host whose pid is gone was killed, however fresh its last beat)."""
     if not isinstance(record, dict) or record.get("state") != "running":
         return False
     beat = record.get("heartbeat")
-    return isinstance(beat, (int, float)) and (now if now is not None else time.time()) - beat < STALE_S
+    fresh = isinstance(beat, (int, float)) and (now if now is not None else time.time()) - beat < STALE_S
+    return fresh and not _dead_here(record)
 
 
 def _dead_here(record: dict[str, Any]) -> bool:
@@ -57,6 +59,7 @@ class Lease:
     def __init__(self, record_path: Any, task: int) -> None:
         self.record_path, self.task = record_path, task
         self.runner = uuid.uuid4().hex[:12]
+        self.previous: dict[str, Any] | None = None  # the record found when the task was claimed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -65,7 +68,8 @@ class Lease:
         LockWaitInterrupted when `stop` is set meanwhile)."""
         while True:
             record = read_json(self.record_path)
-            if not alive(record) or record.get("runner") == self.runner or _dead_here(record):
+            self.previous = record if isinstance(record, dict) else None
+            if not alive(record) or record.get("runner") == self.runner:
                 return
             age = time.time() - float(record["heartbeat"])
             if not wait:

@@ -1,8 +1,10 @@
 """The committed-shard log: which shards each task and worker committed, so readers notice one
 that went missing.
 
-`_mmenc/tasks/shards-tTTTTT-wWW.jsonl` gets one line (`name`, `rows`, `bytes`) after each shard's
-rename, on the writer thread. `mmenc inspect` and `mmenc status` compare it with the shards on
+`_mmenc/tasks/shards-tTTTTT-wWW.jsonl` gets one line (`name`, `rows`, `bytes`, and `sum`: the first
+16 hex digits of the SHA-256 of the others) after each shard's rename, on the writer thread; a
+line whose `sum` does not hold is damaged, and read as no line (a line without one, an earlier
+mmenc's, is read as it is). `mmenc inspect` and `mmenc status` compare it with the shards on
 disk: a listed shard that is gone is a problem to name (re-run the task: its items are encoded
 again). A task's run, at its start, reconciles its logs with the disk: it drops what is gone
 (those items are not done, so the run encodes them again) and adds what a killed run committed
@@ -11,6 +13,7 @@ without listing. A task with no log at all (an output of an earlier mmenc) is no
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -21,9 +24,20 @@ from .outdir import OutDir, metadata_fault, parse_shard_name
 log = logging.getLogger("mmenc")
 
 
+def _sum(entry: dict[str, Any]) -> str:
+    """The checksum of a log entry: the SHA-256 of its fields but `sum`, first 16 hex digits."""
+    fields = json.dumps({k: v for k, v in entry.items() if k != "sum"}, sort_keys=True)
+    return hashlib.sha256(fields.encode("ascii")).hexdigest()[:16]
+
+
+def _line(entry: dict[str, Any]) -> str:
+    """An entry as a log line, with its `sum`."""
+    return json.dumps({**{k: v for k, v in entry.items() if k != "sum"}, "sum": _sum(entry)}) + "\n"
+
+
 def log_commit(out: OutDir, task: int, worker: int, shard: Path, rows: int, size: int) -> None:
     """Append one committed shard to its (task, worker) log, durably."""
-    line = json.dumps({"name": shard.name, "rows": rows, "bytes": size}) + "\n"
+    line = _line({"name": shard.name, "rows": rows, "bytes": size})
     path = out.shard_log_path(task, worker)
     try:
         out.fs.append(path, line.encode("ascii"))
@@ -54,6 +68,8 @@ def read_logs(out: OutDir, damaged: list[str] | None = None) -> dict[tuple[int, 
         for number, raw in enumerate(path.read_bytes().splitlines(), 1):
             try:
                 entry = json.loads(raw.decode("ascii"))
+                if "sum" in entry and entry["sum"] != _sum(entry):
+                    raise ValueError("its sum does not hold")
                 entries[str(entry["name"])] = entry
             except (ValueError, KeyError, TypeError):
                 if damaged is not None and raw.strip():
@@ -67,9 +83,19 @@ def missing_shards(out: OutDir) -> list[str]:
     present = {p.name for p in out.shards()}
     if out.in_store:
         stems = {name.split(".", 1)[0] for name in present}
-        return sorted(k.name for k in out.key_paths() if k.name.split(".", 1)[0] not in stems)
+        ext = _shard_ext(out)
+        return sorted(f"{stem}.{ext}" for stem in (k.name.split(".", 1)[0] for k in out.key_paths())
+                      if stem not in stems)
     return sorted(name for entries in read_logs(out).values() for name in entries if name not in present)
 
+
+def _shard_ext(out: OutDir) -> str:
+    """The file ending of the output's shards (its run.json's --format; Parquet when unknown)."""
+    meta = out.read_run_meta()
+    config = meta.get("config") if isinstance(meta, dict) else None
+    writer = config.get("writer") if isinstance(config, dict) else None
+    fmt = writer.get("format") if isinstance(writer, dict) else None
+    return fmt if fmt in ("parquet", "safetensors") else "parquet"
 
 
 def reconcile(out: OutDir, task: int) -> list[str]:
@@ -100,7 +126,7 @@ def _entry(out: OutDir, shard: Path) -> dict[str, Any]:
 def _rewrite(out: OutDir, task: int, worker: int, entries: list[dict[str, Any]]) -> None:
     path = out.shard_log_path(task, worker)
     try:
-        out.fs.publish(path, "".join(json.dumps(e) + "\n" for e in entries).encode("ascii"))
+        out.fs.publish(path, "".join(_line(e) for e in entries).encode("ascii"))
     except OSError as exc:
         raise metadata_fault(path, exc) from exc
 

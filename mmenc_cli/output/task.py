@@ -29,7 +29,7 @@ from .outdir import OutDir
 from .fs import read_json
 from .history import History, load_history
 from .keyindex import PackWriter
-from .keys import key_rows, write_keys
+from .keys import KeyRecord, hashed, key_rows, write_keys
 from .layout import report_part_name, shard_name
 from .lease import Lease
 from .locks import TaskLock
@@ -100,31 +100,36 @@ class TaskOutput:
         self._packs = PackWriter(out)
         self._record_lock = threading.Lock()  # the heartbeat rewrites the record the run writes
         self._last: dict[str, Any] = {}
+        self._found: list[Any] = []  # the record this run replaced, once it wrote its own (None: none was there)
+        self._committed: dict[str, int] = {}  # shard name -> rows, of the shards this run committed
+        self.run_meta: dict[str, Any] | None = None  # run.json as this run read or created it
 
     def commit(self, shard: Any, writer: Any) -> Committed:
         """Commit one shard (`writers.ShardData`, encoded by a `writers.ShardWriter`): its side
-        files, then the shard under its name (the commit), then its key file and, locally, the
-        shard log; its keys go into the runner's next key pack (`keyindex.py`). A fault of the
+        files, then the shard under its name (the commit), then its key file (with each file's
+        SHA-256) and, locally, the shard log; its keys go into the runner's next key pack
+        (`keyindex.py`). A fault of the
         output (`OSError`) or a name another runner of the task took first (`LockBusy`) is
         `Committed.fault`: nothing more should be written; anything else (a writer's ValueError)
         fails this shard alone."""
         req = self.request
         name = shard_name(req.task, req.worker, self._seq, writer.ext)
         self._seq += 1
+        sums: dict[str, str] = {}  # each file's SHA-256, taken from its staged copy before the commit
         try:
-            files = writer.files(shard, name)
-            committed = self.out.publish_shard_files(name, files)
+            committed = self.out.publish_shard_files(name, hashed(writer.files(shard, name), sums))
             size = self.out.size_of(committed)
             sources = [(r.manifest, r.locator, r.offset) for r in shard.refs]
-            rows, manifests = key_rows(shard.ids, shard.modalities, sources)
-            write_keys(self.out, name, rows, manifests, size)
+            record = KeyRecord(*key_rows(shard.ids, shard.modalities, sources), size, sums)
+            write_keys(self.out, name, record)
         except (OSError, LockBusy) as exc:
             return Committed(name, exc, fault=True)
         except Exception as exc:  # the run turns the shard's items into error rows
             return Committed(name, exc)
         if not self.out.in_store:
             log_commit(self.out, req.task, req.worker, committed, len(shard), size)  # a fault ends the run
-        self._packs.add(name, rows, manifests, size)
+        self._packs.add(name, record)
+        self._committed[committed.name] = len(shard)
         return Committed(name)
 
     def flush_report(self, records: list[ErrorRecord], sync: bool) -> None:
@@ -135,15 +140,23 @@ class TaskOutput:
         if sync:
             self.report.sync()
 
-    def close(self, record: dict[str, Any] | None, best_effort: bool = False, lost: bool = False) -> None:
+    def close(self, record: dict[str, Any] | None, best_effort: bool = False, lost: bool = False,
+              refused: bool = False) -> None:
         """Close the report, write the task's `record` (its final state; None for a device worker,
         whose parent keeps the record) and release the task. With `best_effort`, after a fault of
         the output, a record that cannot be written is not an error of its own; `lost`: another
-        runner took the task, which reports the items, so rows not written yet are dropped."""
+        runner took the task, which reports the items, so rows not written yet are dropped;
+        `refused`: the run ends before its first item, so the record it replaced is put back.
+        OutputError (the task recorded as failed) when shards this run committed are gone (`_lost`)."""
+        lost_shards = None if best_effort or lost or refused else self._lost()
+        if lost_shards and record is not None:
+            record = {**record, "state": "failed", "error": lost_shards}
         try:
             self._packs.flush()
             if isinstance(self._claim, Lease):
                 self._claim.release()  # no heartbeat may overwrite the final record
+            if refused:
+                _quietly(self._restore)
             if isinstance(self.report, PartReportWriter) and lost:
                 self.report.discard()
             if self.report is not None:
@@ -156,6 +169,27 @@ class TaskOutput:
                 self._claim.release()
             self._claim = None
             self.out.close()
+        if lost_shards:
+            raise OutputError(lost_shards)
+
+    def _lost(self) -> str | None:
+        """What is gone of what this run committed, checked with one listing: shards (named, for a
+        re-run to encode their items again) and run.json, which is written again from what this run
+        read (a re-run of an output that lost it would be refused). None when everything is there."""
+        if not self._committed:
+            return None
+        present = {path.name for path in self.out.shards()}
+        gone = [name for name in self._committed if name not in present]
+        if self.run_meta is not None and not self.out.run_meta_path.exists():
+            self.out.create_run_meta(self.run_meta)
+            log.warning("%s was gone from %s: written again", self.out.run_meta_path.name, self.root)
+        if not gone:
+            return None
+        rows = sum(self._committed[name] for name in gone)
+        shown = ", ".join(gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+        return (f"{len(gone)} shard{'s' if len(gone) != 1 else ''} this run committed to {self.root} "
+                f"({rows} embeddings) {'are' if len(gone) != 1 else 'is'} gone ({shown}): something removed "
+                "them while the run went on; run the same command again to encode their items again")
 
     def _record(self, data: dict[str, Any]) -> None:
         """Write the task's record (`tasks/task-NNNNN.json`); a run's start keeps the state the
@@ -165,11 +199,27 @@ class TaskOutput:
             previous = read_json(self.out.task_meta_path(self.request.task))
             if isinstance(previous, dict):
                 data["previous_state"] = previous.get("state")
+            if not self._found:
+                self._found.append(previous if isinstance(previous, dict) else None)
         with self._record_lock:
             self._last = data
             if isinstance(self._claim, Lease):
                 data = self._claim.stamp(data)
             self.out.write_task_meta(self.request.task, data)
+
+    def _restore(self) -> None:
+        """Put back the record this run replaced when it started (or remove its own, where there was
+        none): a run that was refused or failed before its first item changes no record."""
+        if not self._found:
+            return
+        found, self._found = self._found[0], []
+        path = self.out.task_meta_path(self.request.task)
+        with self._record_lock:
+            self._last = {}
+            if found is None:
+                self.out.fs.remove(path)
+            else:
+                self.out.write_task_meta(self.request.task, found)
 
     def _beat(self) -> None:
         """Rewrite the last record with a fresh heartbeat (the lease's background thread)."""
@@ -181,7 +231,7 @@ class TaskOutput:
 def _quietly(fn: Callable[[], None]) -> None:
     try:
         fn()
-    except OutputError:
+    except (OutputError, OSError):
         pass
 
 
@@ -214,7 +264,7 @@ def open_task(req: TaskRequest) -> TaskOutput:
             return task
         _ready(task)
     except BaseException:
-        task.close(None, best_effort=True)
+        task.close(None, best_effort=True, refused=True)
         raise
     return task
 
@@ -263,7 +313,8 @@ def _ready(task: TaskOutput) -> None:
     assert req.admission is not None
     try:
         with interruptible(req.stop):
-            task.facts = _admit(out, req.admission)
+            task.run_meta = _admit(out, req.admission)
+            task.facts = dict(task.run_meta.get("facts") or {})
             if req.role == "task" and not isinstance(task._claim, Lease):
                 assert req.meta is not None
                 task._record(req.meta())
@@ -306,8 +357,8 @@ def _recorded(out: OutDir) -> Any:
 
 
 def _admit(out: OutDir, admission: Admission) -> dict[str, Any]:
-    """The output's facts when this run's options match its run.json; a new output's, recorded
-    in a new run.json. OutputError when the options differ, or run.json is damaged, or OUT holds
+    """The output's run.json when this run's options match it; a new output's, recorded as its
+    new run.json. OutputError when the options differ, or run.json is damaged, or OUT holds
     shards but no run.json."""
     recorded = _recorded(out)
     if recorded is not None and not isinstance(recorded, dict) or recorded is None and out.run_meta_path.exists():
@@ -317,10 +368,10 @@ def _admit(out: OutDir, admission: Admission) -> dict[str, Any]:
     if recorded is None:
         meta = admission.create(fingerprint)
         if out.create_run_meta(meta):
-            return dict(meta["facts"])
+            return meta
         recorded = out.read_run_meta() or {}  # another task or device worker was first: ours must match
     diff = admission.judge(recorded, fingerprint)
     if diff:
         raise OutputError(f"{out.root} was written with other options ({'; '.join(diff)}); "
                           "use the same options, another --out, or --overwrite to start over")
-    return dict(recorded.get("facts") or {})
+    return recorded

@@ -56,6 +56,7 @@ class RunAdmission:
         return fingerprint(cfg, self.dtype)
 
     def judge(self, recorded: dict[str, Any], fp: dict[str, Any]) -> list[str]:
+        check_task_count(self.cfg, recorded)
         diff = fingerprint_diff(recorded.get("fingerprint", {}), fp)
         if not diff:
             for name, was, now in version_changes(recorded.get("versions")):  # a routine upgrade: go on, say so
@@ -67,6 +68,19 @@ class RunAdmission:
         facts = model_facts(self.cfg, self.load_encoder(), self.dtype)
         return {"fingerprint": fp, "facts": facts, "config": self.cfg.to_dict(), "created": timestamp(),
                 "versions": library_versions()}
+
+
+def check_task_count(cfg: RunConfig, recorded: dict[str, Any]) -> None:
+    """An output is split into tasks one way: the task count it was started with. A run that slices
+    the input another way would encode items that a task of the other split is encoding (or has
+    encoded) too, so it is refused, whatever the engine that started it."""
+    was = (recorded.get("config") or {}).get("task_count")
+    if not isinstance(was, int) or was == cfg.task_count:
+        return
+    raise OutputError(f"{cfg.writer.out} was started with {was} task{'s' if was != 1 else ''}, and this run is task "
+                      f"{cfg.task_index} of {cfg.task_count}: an output is split one way; run its tasks with "
+                      f"--task-count {was} (Slurm --tasks {was}, Ray --tasks {was}, MMENC_TASK_COUNT={was}), or "
+                      "re-slice into a new --out, or start over with --overwrite")
 
 
 def check_commit(root: str, model: str, facts: dict[str, Any], info: dict[str, Any]) -> None:

@@ -7,12 +7,17 @@ row's source (its manifest and its place there: `ManifestRow.locator`), and the 
 index into the shard's manifests, and the offset), so a duplicate id can be named with where it
 was first encoded. 36 bytes a row on disk; `CommittedKeys` keeps 28 a row in memory.
 
-A shard without a key file (an output of an earlier mmenc, or a key file lost) is read once the
-old way (its id and modality columns) and given one, with its sources unknown.
+A key file (version 2, `MMKEYS2`) ends with the SHA-256 of everything before it, and its head
+records the SHA-256 of the shard's bytes (and of its sidecar or index) as committed, which
+`mmenc inspect` checks. A key file that fails its checksum is ignored, as is a missing one: the
+shard is read once the old way (its id and modality columns) and given a new key file, with its
+sources unknown. A version-1 key file (`MMKEYS1`, an earlier mmenc's) has no checksum: its rows
+are used only once they agree with the shard's own columns (`keyindex.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +28,9 @@ import numpy as np
 from ..idset import HashSet64, id_hash
 from .outdir import OutDir
 
-MAGIC = b"MMKEYS1\n"
+MAGIC = b"MMKEYS2\n"
+MAGIC_V1 = b"MMKEYS1\n"  # no checksum
+SEAL = 32  # bytes of the SHA-256 that ends a version-2 record
 ROW = np.dtype([("item", "<u8"), ("id", "<u8"), ("src", "<u8"), ("man", "<u4"), ("off", "<i8")])
 UNKNOWN = 0  # the source hash of a row whose source was not recorded
 
@@ -43,16 +50,62 @@ def key_rows(ids: Sequence[str], modalities: Sequence[str], sources: Sequence[tu
     return rows, list(manifests)
 
 
-def encode_keys(rows: np.ndarray, manifests: list[str], size: int | None = None) -> bytes:
+@dataclass
+class KeyRecord:
+    """What a key file (or a pack's entry) says of its shard: its key rows and their manifests,
+    the shard's size at commit (None: not recorded), the SHA-256 (hex) of its files at commit
+    (`sums`: "shard", and "side" for its sidecar or index), and whether the record's own checksum
+    held (`sealed`; False for a version-1 record, which has none)."""
+
+    rows: np.ndarray
+    manifests: list[str]
+    size: int | None = None
+    sums: dict[str, str] = field(default_factory=dict)
+    sealed: bool = True
+
+
+def seal(body: bytes) -> bytes:
+    """A record's bytes: `body`, then the SHA-256 of `body`."""
+    return body + hashlib.sha256(body).digest()
+
+
+def unseal(data: bytes) -> bytes | None:
+    """The body of sealed bytes; None when its SHA-256 does not hold (damaged, or cut)."""
+    body = data[:-SEAL]
+    if len(data) < SEAL or hashlib.sha256(body).digest() != data[-SEAL:]:
+        return None
+    return body
+
+
+def file_sha256(path: Any) -> str:
+    """The SHA-256 (hex) of a file's bytes, local or in a store (read in 8 MiB pieces)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def head_sums(head: dict[str, Any]) -> dict[str, str]:
+    """The file checksums a record's JSON head holds (`sha256`: {"shard": hex, "side": hex})."""
+    sums = head.get("sha256")
+    return {str(k): str(v) for k, v in sums.items()} if isinstance(sums, dict) else {}
+
+
+def encode_keys(record: KeyRecord) -> bytes:
     """A key file's bytes: the magic, a JSON line (manifests, row count, the shard's size in bytes
-    when known), the rows."""
-    head = {"manifests": manifests, "rows": int(rows.size), **({"bytes": size} if size is not None else {})}
-    return MAGIC + json.dumps(head, ensure_ascii=True).encode() + b"\n" + rows.astype(ROW, copy=False).tobytes()
+    and its files' SHA-256 when known), the rows, and the SHA-256 of all that."""
+    head: dict[str, Any] = {"manifests": record.manifests, "rows": int(record.rows.size)}
+    if record.size is not None:
+        head["bytes"] = record.size
+    if record.sums:
+        head["sha256"] = record.sums
+    rows = record.rows.astype(ROW, copy=False).tobytes()
+    return seal(MAGIC + json.dumps(head, ensure_ascii=True).encode() + b"\n" + rows)
 
 
-def read_keys(path: Any) -> tuple[np.ndarray, list[str], int | None] | None:
-    """A key file's rows, manifests and the size of its shard at commit (None when not
-    recorded); None when the file is missing or not whole."""
+def read_keys(path: Any) -> KeyRecord | None:
+    """A key file's record; None when the file is missing, not whole, or fails its checksum."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -60,20 +113,25 @@ def read_keys(path: Any) -> tuple[np.ndarray, list[str], int | None] | None:
     return parse_keys(data)
 
 
-def parse_keys(data: bytes | None) -> tuple[np.ndarray, list[str], int | None] | None:
-    """`read_keys` of a key file's bytes (None: missing)."""
-    if data is None or not data.startswith(MAGIC):
+def parse_keys(data: bytes | None) -> KeyRecord | None:
+    """`read_keys` of a key file's bytes (None: missing). A version-1 file is `sealed=False`."""
+    if data is None:
         return None
-    end = data.find(b"\n", len(MAGIC))
+    sealed = data.startswith(MAGIC)
+    body = unseal(data) if sealed else data if data.startswith(MAGIC_V1) else None
+    if body is None:
+        return None
+    end = body.find(b"\n", len(MAGIC))
     try:
-        head = json.loads(data[len(MAGIC):end])
-        rows = np.frombuffer(data, dtype=ROW, offset=end + 1)
-    except ValueError:
+        head = json.loads(body[len(MAGIC):end])
+        rows = np.frombuffer(body, dtype=ROW, offset=end + 1)
+        if rows.size != head.get("rows"):
+            return None
+        size = head.get("bytes")
+        return KeyRecord(rows, [str(m) for m in head.get("manifests") or []],
+                         int(size) if isinstance(size, int) else None, head_sums(head), sealed)
+    except Exception:  # anything a damaged version-1 head makes of it (ValueError, AttributeError, ...)
         return None
-    if rows.size != head.get("rows"):
-        return None
-    size = head.get("bytes")
-    return rows, list(head.get("manifests") or []), int(size) if isinstance(size, int) else None
 
 
 @dataclass
@@ -125,10 +183,9 @@ class CommittedKeys:
         name = self.shards[shard].name
         loaded = read_keys(self.key_paths[shard])
         if loaded is not None:
-            rows, manifests, _ = loaded
-            hit = rows[rows["src"] == np.uint64(source)]
-            if hit.size and int(hit["man"][0]) < len(manifests):
-                return manifests[int(hit["man"][0])], int(hit["off"][0]), name
+            hit = loaded.rows[loaded.rows["src"] == np.uint64(source)]
+            if hit.size and int(hit["man"][0]) < len(loaded.manifests):
+                return loaded.manifests[int(hit["man"][0])], int(hit["off"][0]), name
         return None, -1, name
 
     def duplicate_ids(self) -> np.ndarray:
@@ -140,7 +197,22 @@ class CommittedKeys:
         return np.unique(pairs[1:, 0][pairs[1:, 0] == pairs[:-1, 0]]).astype(np.uint64)
 
 
-def write_keys(out: OutDir, shard: str, rows: np.ndarray, manifests: list[str], size: int | None = None) -> None:
+def write_keys(out: OutDir, shard: str, record: KeyRecord) -> None:
     """Write a shard's key file (after the shard: a shard without one is read the old way), with
-    the shard's size to check it by (OSError: a fault of the output)."""
-    out.fs.publish(out.keys_path(shard), encode_keys(rows, manifests, size))
+    the shard's size and checksums to check it by (OSError: a fault of the output)."""
+    out.fs.publish(out.keys_path(shard), encode_keys(record))
+
+
+def hashed(files: Any, sums: dict[str, str]) -> Any:
+    """A shard's `writers.ShardFiles` whose functions, once they wrote a file (the local staged
+    copy, before its commit), put its SHA-256 in `sums` ("shard", "side")."""
+    from dataclasses import replace
+
+    def wrap(write: Any, key: str) -> Any:
+        def write_and_hash(path: Path) -> None:
+            write(path)
+            sums[key] = file_sha256(Path(path))
+        return None if write is None else write_and_hash
+
+    return replace(files, shard=wrap(files.shard, "shard"), sidecar=wrap(files.sidecar, "side"),
+                   index=wrap(files.index, "side"))  # a shard has one side file at most

@@ -117,13 +117,15 @@ def _task_count(od: OutDir, metas: dict[int, list[tuple[int, float, dict[str, An
     return int((run.get("config") or {}).get("task_count") or 1)
 
 
-def _scan_shards(od: OutDir, problems: list[str]) -> tuple[Counter[int], dict[int, np.ndarray], int, int]:
+def _scan_shards(od: OutDir, problems: list[str], sums: dict[str, dict[str, str]] | None = None
+                 ) -> tuple[Counter[int], dict[int, np.ndarray], int, int]:
     """From the shards' key files: embeddings per task, each task's sorted unique (id, modality)
-    hashes, rows repeated within a task, and ids committed from more than one row."""
+    hashes, rows repeated within a task, and ids committed from more than one row (`sums`: see
+    `keyindex.iter_key_rows`)."""
     encoded: Counter[int] = Counter()
     parts: dict[int, list[np.ndarray]] = defaultdict(list)
     sources: list[np.ndarray] = []
-    for shard, _path, rows in iter_key_rows(od, damaged=problems):
+    for shard, _path, rows in iter_key_rows(od, damaged=problems, sums=sums):
         parsed = parse_shard_name(shard.name)
         task = parsed.task if parsed else -1
         encoded[task] += rows.size
@@ -140,9 +142,11 @@ def _scan_shards(od: OutDir, problems: list[str]) -> tuple[Counter[int], dict[in
     return encoded, keys, within, ids
 
 
-def find_duplicates(od: OutDir, problems: list[str], examples: int = 5) -> Duplicates:
-    """Every kind of duplicate in an output, with a few example ids (for `status` and `inspect`)."""
-    _, keys, within, ids = _scan_shards(od, problems)
+def find_duplicates(od: OutDir, problems: list[str], examples: int = 5,
+                    sums: dict[str, dict[str, str]] | None = None) -> Duplicates:
+    """Every kind of duplicate in an output, with a few example ids (for `status` and `inspect`);
+    `sums` gets each shard's file checksums recorded at commit (`keyindex.iter_key_rows`)."""
+    _, keys, within, ids = _scan_shards(od, problems, sums)
     return _duplicates(od, keys, within, ids, examples)
 
 

@@ -2,8 +2,11 @@
 
 Modules: `sources.py` gets the bytes of a path, `file://` URL, data URI or inline bytes;
 `http.py` fetches `http(s)://` with retries; `decode.py` turns bytes into RGB pixels (Pillow);
-`clips.py` opens audio and video with PyAV, `audio.py` decodes samples, `video.py` samples frames.
-Audio and video on a local path are opened where they lie (`load_clip`), not read into memory.
+`clips.py` opens audio and video with PyAV, `audio.py` decodes samples, `video.py` samples frames;
+`stores.py` reads object stores (an S3 image is one GET) and `ahead.py` fetches a chunk's S3
+images at once (`fetch_ahead`; `load_image` then takes a `Fetched` in place of the URL).
+Audio and video on a local path or in a store are opened where they lie (`load_clip`), not read
+into memory.
 
 Sources: a local path (relative paths resolve against the manifest's folder, `~` is expanded),
 `file://` and `http(s)://` URLs (stdlib urllib, retried with back-off), `data:` URIs and raw bytes
@@ -29,11 +32,14 @@ No torch or transformers here: this module runs in every decode worker.
 from __future__ import annotations
 
 import os
+from typing import Any, Sequence
 
 from PIL import Image
 
 from ..config import MediaConfig
+from ..errors import MMError
 from . import http
+from .ahead import FetchAhead, Fetched
 from .decode import Draft, configure_pillow, decode_image
 from .ranged import HttpClip
 from .sources import (
@@ -50,10 +56,10 @@ from .sources import (
 )
 from .stores import StoreFile, read_fsspec, store_file
 
-__all__ = ["configure_pillow", "describe_source", "load_clip", "load_encoded", "load_image"]
+__all__ = ["Fetched", "configure_pillow", "describe_source", "fetch_ahead", "load_clip", "load_encoded", "load_image"]
 
 
-def load_image(source: Source, base_dir: str, cfg: MediaConfig, *,
+def load_image(source: Source | Fetched, base_dir: str, cfg: MediaConfig, *,
                backoff: float | None = None, draft: Draft | None = None) -> Image.Image:
     """Load, decode and normalise one image to a fully loaded RGB `PIL.Image`.
 
@@ -64,7 +70,7 @@ def load_image(source: Source, base_dir: str, cfg: MediaConfig, *,
     return guard("decode", decode_image, data, cfg, content_type, draft)
 
 
-def load_encoded(source: Source, base_dir: str, cfg: MediaConfig, *,
+def load_encoded(source: Source | Fetched, base_dir: str, cfg: MediaConfig, *,
                  backoff: float | None = None) -> tuple[bytes, str | None]:
     """The encoded bytes of one image and their declared media type; failures as in `load_image`."""
     return guard("load", load_bytes, source, base_dir, cfg, http.BACKOFF_BASE_S if backoff is None else backoff)
@@ -103,9 +109,25 @@ def locate(source: Source, base_dir: str) -> tuple[str, str]:
     return ("http" if scheme in ("http", "https") else "store"), source
 
 
-def load_bytes(source: Source, base_dir: str, cfg: MediaConfig,
+def fetch_ahead(sources: Sequence[tuple[Any, str]], cfg: MediaConfig, budget_bytes: int) -> FetchAhead:
+    """The images among `sources` ((source, base_dir) each) that are S3 objects, all asked for at
+    once, their bodies within `budget_bytes` (`ahead.py`); take each by its position."""
+    urls = {}
+    for position, (source, base_dir) in enumerate(sources):
+        try:
+            kind, where = locate(source, base_dir)
+        except MMError:  # loaded in place, where the same error is raised
+            continue
+        if kind == "store":
+            urls[position] = where
+    return FetchAhead(urls, cfg, budget_bytes)
+
+
+def load_bytes(source: Source | Fetched, base_dir: str, cfg: MediaConfig,
                backoff: float) -> tuple[bytes, str | None]:
     """The raw bytes of `source` and, where known, their declared media type."""
+    if isinstance(source, Fetched):  # fetched ahead: its bytes, checked, or its fetch's error
+        return source.payload(), None
     if isinstance(source, (bytes, bytearray, memoryview)):
         return check_payload(bytes(source), cfg, "inline image bytes"), None
     if not isinstance(source, str) or not source.strip():

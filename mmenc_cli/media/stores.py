@@ -1,11 +1,19 @@
 """Media in object stores, through fsspec (`STORES`: `s3://`, `gs://`, `az://`, `hf://`, ...)
 where the matching backend is installed; any other scheme (ftp://, ...) is one we do not fetch
-(415, naming the package to install where one would do)."""
+(415, naming the package to install where one would do).
+
+An image in S3 costs one request: a GetObject whose Content-Length is checked against the size
+limit before the body is read (`get_object`); s3fs and botocore retry a 503 SlowDown with
+back-off. Many such GETs run at once in a decode worker (`ahead.py`). Other stores are checked
+(`fs.info`) and then read. Audio and video are opened where they lie (`StoreFile`): PyAV reads
+only the byte ranges it decodes.
+"""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from ..config import MediaConfig
 from ..errors import MMError, client_reason, os_reason
@@ -13,6 +21,12 @@ from .sources import SUPPORTED_SOURCES, check_payload, check_size, describe_sour
 
 #: the URL schemes read through fsspec (object stores, the Hugging Face hub, fsspec's memory store)
 STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "hf", "memory", "file", "local"})
+
+#: connections one S3 client keeps open: as many as a worker's GETs in flight (`ahead.FETCH_AHEAD`)
+POOL_CONNECTIONS = 32
+
+#: awaited with an object's size once its answer is in, before its body is read (`ahead.py`'s bytes budget)
+Reserve = Callable[[int], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -29,21 +43,9 @@ class StoreFile:
         return self.fs.open(self.path, "rb")
 
 
-def read_fsspec(url: str, cfg: MediaConfig) -> bytes:
-    """The bytes of `url` through its fsspec backend, size-checked before reading."""
-    found = store_file(url, cfg)
-    try:
-        with found.open() as fh:
-            data = fh.read(cfg.max_file_bytes + 1)
-    except OSError as exc:
-        raise store_error(exc, found.shown) from exc
-    except Exception as exc:  # the store client's own errors, as above
-        raise load_error(f"cannot read {found.shown}: {type(exc).__name__}: {exc}", client_reason(exc), exc) from exc
-    return check_payload(data, cfg, found.shown)
-
-
-def store_file(url: str, cfg: MediaConfig) -> StoreFile:
-    """`url`'s file in its fsspec backend, checked (scheme, backend, existence, size) but not read."""
+def filesystem(url: str) -> tuple[Any, str]:
+    """`url`'s fsspec filesystem and its path there: the one place media build a store client.
+    A scheme we do not read, or one whose backend is not installed, is 415."""
     scheme = url.split("://", 1)[0].lower()
     if scheme not in STORES:
         raise load_error(f"unsupported URL scheme {scheme}://; supported: {SUPPORTED_SOURCES}, and object stores "
@@ -51,24 +53,116 @@ def store_file(url: str, cfg: MediaConfig) -> StoreFile:
     try:
         import fsspec
 
-        fs, inner = fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **client_options(scheme))
     except (ImportError, ValueError) as exc:  # no such protocol, or its package is missing
         raise load_error(f"unsupported URL scheme {scheme}://; supported: {SUPPORTED_SOURCES}, and fsspec URLs "
                          f"whose backend is installed ({exc})", "media.unsupported_scheme", exc) from exc
-    shown = describe_source(url)
+
+
+def client_options(scheme: str) -> dict[str, Any]:
+    """The store client's options for media: the output's bounded timeouts and retries where
+    `output.objectstore.client_options` offers them, and for S3 a connection per GET in flight."""
+    try:
+        from ..output.objectstore import client_options as bounded
+    except ImportError:  # not offered (yet): the client's own defaults
+        options: dict[str, Any] = {}
+    else:
+        options = dict(bounded(scheme, None))
+    if scheme in ("s3", "s3a"):
+        options["config_kwargs"] = {"max_pool_connections": POOL_CONNECTIONS, **options.get("config_kwargs", {})}
+    return options
+
+
+def is_s3(fs: Any) -> bool:
+    """True for s3fs's filesystem: its objects are read with one GetObject each (`get_object`)."""
+    s3fs = sys.modules.get("s3fs")  # not imported: no filesystem of its
+    return s3fs is not None and isinstance(fs, s3fs.S3FileSystem)
+
+
+def read_fsspec(url: str, cfg: MediaConfig) -> bytes:
+    """The bytes of `url` through its fsspec backend, size-checked before reading: in S3 one GET."""
+    fs, inner = filesystem(url)
+    shown = str(describe_source(url))
+    if is_s3(fs):
+        from fsspec.asyn import sync
+
+        return sync(fs.loop, get_object, fs, inner, cfg, shown)
+    found = checked(fs, inner, cfg, shown)
+    try:
+        with found.open() as fh:
+            data = fh.read(cfg.max_file_bytes + 1)
+    except OSError as exc:
+        raise store_error(exc, found.shown) from exc
+    except Exception as exc:  # the store client's own errors, as above
+        raise client_error(exc, found.shown) from exc
+    return check_payload(data, cfg, found.shown)
+
+
+async def get_object(fs: Any, path: str, cfg: MediaConfig, shown: str, reserve: Reserve | None = None) -> bytes:
+    """One GetObject of `path` in s3fs's `fs` (run on its event loop): empty or over the size limit
+    by the answer's Content-Length, the body left unread; else its bytes, once `reserve` (if any)
+    grants their size. A missing key that is a folder's prefix says so (one more request, on failure only)."""
+    bucket, key, version = fs.split_path(path)
+    try:
+        answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+    except FileNotFoundError as exc:
+        raise await _missing(fs, path, shown, exc) from exc
+    except OSError as exc:
+        raise store_error(exc, shown) from exc
+    except Exception as exc:  # botocore's own errors (no credentials, endpoint unreachable)
+        raise client_error(exc, shown) from exc
+    body = answer["Body"]
+    try:
+        size = int(answer.get("ContentLength") or 0)
+        if size == 0:
+            raise load_error(f"{shown} is empty", "media.empty")
+        check_size(size, cfg, shown)
+        if reserve is not None:
+            await reserve(size)
+        data = await body.read(cfg.max_file_bytes + 1)  # +1: a body longer than its header still fails
+    except MMError:
+        raise
+    except OSError as exc:
+        raise store_error(exc, shown) from exc
+    except Exception as exc:  # the connection broke while reading (aiohttp's errors): worth a later retry
+        raise client_error(exc, shown) from exc
+    finally:
+        body.close()  # unread bytes are dropped with the connection, never read
+    return check_payload(data, cfg, shown)
+
+
+async def _missing(fs: Any, path: str, shown: str, exc: OSError) -> MMError:
+    """The error of a key that does not exist: a folder (its prefix holds objects), else 404."""
+    try:
+        folder = await fs._isdir(path)
+    except Exception:  # the listing failed too: the GET's answer stands
+        folder = False
+    if folder:
+        return load_error(f"{shown} is a directory, not a media file", "media.is_directory")
+    return store_error(exc, shown)
+
+
+def store_file(url: str, cfg: MediaConfig) -> StoreFile:
+    """`url`'s file in its fsspec backend, checked (scheme, backend, existence, size) but not read."""
+    fs, inner = filesystem(url)
+    return checked(fs, inner, cfg, str(describe_source(url)))
+
+
+def checked(fs: Any, inner: str, cfg: MediaConfig, shown: str) -> StoreFile:
+    """A file in `fs` checked to exist, be a file, not be empty and fit the size limit (`fs.info`)."""
     try:
         entry = fs.info(inner)
     except OSError as exc:
         raise store_error(exc, shown) from exc
     except Exception as exc:  # the store client's own errors (no credentials, no endpoint), not OSErrors
-        raise load_error(f"cannot read {shown}: {type(exc).__name__}: {exc}", client_reason(exc), exc) from exc
+        raise client_error(exc, shown) from exc
     if entry.get("type") == "directory":
         raise load_error(f"{shown} is a directory, not a media file", "media.is_directory")
     size = int(entry.get("size") or 0)
     if size == 0:
         raise load_error(f"{shown} is empty", "media.empty")
     check_size(size, cfg, shown)
-    return StoreFile(fs, inner, str(shown))
+    return StoreFile(fs, inner, shown)
 
 
 def store_error(exc: OSError, shown: str | None) -> MMError:
@@ -80,3 +174,8 @@ def store_error(exc: OSError, shown: str | None) -> MMError:
     if reason == "media.permission_denied":
         return load_error(f"{shown} is not readable for us: {exc}", reason, exc)
     return load_error(f"cannot read {shown}: {exc}", reason, exc)
+
+
+def client_error(exc: BaseException, shown: str | None) -> MMError:
+    """A store client's own error (not an OSError: botocore's, aiohttp's) as a load error."""
+    return load_error(f"cannot read {shown}: {type(exc).__name__}: {exc}", client_reason(exc), exc)

@@ -5,7 +5,9 @@ its payload (an image's compact uint8 pixels where the model's processor allows)
 and report seconds spent loading, decoding and preprocessing. A chunk holds items of one medium.
 The parent keeps at most `max_in_flight` items submitted (a video clip counts as its frames),
 so memory stays bounded however large the manifest is, and takes results as they finish: a
-slow image (a URL at its timeout) never holds the images decoded after it.
+slow image (a URL at its timeout) never holds the images decoded after it. A worker asks for all
+the S3 images of its chunk at once (`media/ahead.py`), their bodies within its share of
+`--max-inflight-bytes` (`fetch_bytes`), and decodes each as it arrives, in order.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, Sequence
 
-from ..config import MediaConfig, RunConfig
+from ..config import DEFAULT_MAX_INFLIGHT_BYTES, MediaConfig, RunConfig
 from ..errors import MMError
 from ..encoders.base import VideoInput
 from .decode_worker import (
     Decoded,
     Preprocessors,
     decode_chunk,
-    decode_one,
+    decode_here,
     init_worker,
     item_deadline,
 )
@@ -81,13 +83,16 @@ class DecodePool:
     """
 
     def __init__(self, preprocessors: Preprocessors, media: MediaConfig, workers: int, max_in_flight: int,
-                 stop: Any = None, slots: int = 0, idle: Callable[[], None] | None = None) -> None:
+                 stop: Any = None, slots: int = 0, idle: Callable[[], None] | None = None,
+                 fetch_bytes: int | None = None) -> None:
         self.stop = stop  # the run's stop Event: a pool broken while stopping drops its chunks (no error rows)
         self.idle = idle  # called before waiting for a result: the encode loop finishes its own work first
         self.preprocessors = preprocessors
         self.media = media
         self.workers = workers
         self.max_in_flight = max(1, max_in_flight)
+        #: each worker's S3 image bodies fetched ahead and not yet decoded (`media/ahead.py`)
+        self.fetch_bytes = fetch_bytes if fetch_bytes is not None else DEFAULT_MAX_INFLIGHT_BYTES // max(1, workers)
         self._pending: collections.deque[tuple[Any, list, Any, Any, str, int]] = collections.deque()
         self._tokens = itertools.count(1)  # names a chunk on the workers' board
         self._ended: dict[int, float] = {}  # when each chunk's future finished (a broken pool: when it broke)
@@ -108,7 +113,8 @@ class DecodePool:
         slots = (self.slots.name, self.slots.slot_bytes) if self.slots is not None else None
         return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"), initializer=init_worker,
                                    initargs=(self.preprocessors, self.media, os.getpid(), slots,
-                                             self.board.address if self.board is not None else None))
+                                             self.board.address if self.board is not None else None,
+                                             self.fetch_bytes))
 
     @property
     def in_flight(self) -> int:
@@ -126,7 +132,8 @@ class DecodePool:
         chunk = [(src, base, self._take(modality), cpu_only) for src, base in sources]
         token = next(self._tokens)
         if self._ex is None:
-            fut: Any = _Done([decode_one(s, b, self.preprocessors, self.media, c, modality) for s, b, _, c in chunk])
+            fut: Any = _Done(decode_here([(s, b, c) for s, b, _, c in chunk], self.preprocessors, self.media,
+                                         modality, self.fetch_bytes))
         else:
             try:
                 fut = self._ex.submit(decode_chunk, chunk, modality, token)

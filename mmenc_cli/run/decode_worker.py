@@ -19,11 +19,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..config import DEFAULT_FRAMES, MediaConfig
+from ..config import DEFAULT_FRAMES, DEFAULT_MAX_INFLIGHT_BYTES, MediaConfig
 from ..encoders.base import AudioInput, AudioPreprocessor, ImageInput, ImagePreprocessor, VideoInput
 from ..errors import MMError, classify
 from ..lifeline import inherit
-from ..media import configure_pillow, load_clip, load_encoded, load_image, locate
+from ..media import Fetched, configure_pillow, fetch_ahead, load_clip, load_encoded, load_image, locate
 from ..media.audio import decode_audio
 from ..media.decode import decode_image, device_jpeg
 from ..media.sources import guard
@@ -58,7 +58,8 @@ class Decoded:
 
 
 def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
-                 slots: tuple[str, int] | None = None, board: tuple[str, int] | None = None) -> None:
+                 slots: tuple[str, int] | None = None, board: tuple[str, int] | None = None,
+                 fetch_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES) -> None:
     import importlib
     import signal
     import threading
@@ -69,6 +70,7 @@ def init_worker(preprocessors: Preprocessors, media: MediaConfig, parent: int,
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     _STATE["pre"] = preprocessors
     _STATE["media"] = media
+    _STATE["fetch_bytes"] = fetch_bytes  # the bodies of S3 images fetched ahead and not yet decoded
     _STATE["slots"] = SlotWriter(*slots) if slots is not None else None
     _STATE["devnull"] = open(os.devnull, "w")  # faulthandler's traceback of a timed-out item goes nowhere
     if board is not None:
@@ -114,7 +116,7 @@ def _gone(pid: int) -> bool:
         return False
 
 
-def decode_one(source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaConfig,
+def decode_one(source: str | bytes | Fetched, base_dir: str, pre: Preprocessors, media: MediaConfig,
                cpu_only: bool = False, modality: str = "image") -> Decoded:
     """Load, decode and preprocess one item of `modality`; every failure becomes an `MMError`."""
     t0 = time.perf_counter()
@@ -156,7 +158,7 @@ def _clip(modality: str, source: str | bytes, base_dir: str, pre: Preprocessors,
     return sampled.images, {"cut": sampled.cut, "frame_step": sampled.step}
 
 
-def _image(source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaConfig, cpu_only: bool) -> Any:
+def _image(source: str | bytes | Fetched, base_dir: str, pre: Preprocessors, media: MediaConfig, cpu_only: bool) -> Any:
     """A decoded RGB image; under `--decode gpu` (unless `cpu_only`) a JPEG the device can decode
     stays encoded: a `Decoded` of its bytes as a 1-D uint8 `ImageInput` with `meta["jpeg"]`."""
     t0 = time.perf_counter()
@@ -169,6 +171,18 @@ def _image(source: str | bytes, base_dir: str, pre: Preprocessors, media: MediaC
                            (time.perf_counter() - t0, 0.0))
         return guard("decode", decode_image, data, media, content_type, draft)
     return load_image(source, base_dir, media, draft=draft)  # raises MMError with its own stage
+
+
+def decode_here(chunk: Sequence[tuple[str | bytes, str, bool]], pre: Preprocessors, media: MediaConfig,
+                modality: str, fetch_bytes: int) -> list[Decoded]:
+    """`decode_one` for each (source, base_dir, cpu_only) of a chunk in this process (`--workers 0`),
+    its S3 images fetched ahead as in a worker."""
+    ahead = fetch_ahead([(src, base) for src, base, _ in chunk] if modality == "image" else [], media, fetch_bytes)
+    try:
+        return [decode_one(ahead.take(k) if k in ahead else src, base, pre, media, cpu_only, modality)
+                for k, (src, base, cpu_only) in enumerate(chunk)]
+    finally:
+        ahead.close()
 
 
 def item_deadline(media: MediaConfig, source: Any, base_dir: str) -> float:
@@ -194,12 +208,14 @@ def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: 
 
     pre, media, slots = _STATE["pre"], _STATE["media"], _STATE.get("slots")
     out = []
+    ahead = fetch_ahead([(src, base) for src, base, _, _ in chunk] if modality == "image" else [], media,
+                        _STATE.get("fetch_bytes", DEFAULT_MAX_INFLIGHT_BYTES))
     for position, (src, base, slot, cpu_only) in enumerate(chunk):
         deadline = item_deadline(media, src, base)
         _record(token, token, position, time.monotonic(), deadline)
         faulthandler.dump_traceback_later(deadline, exit=True, file=_STATE["devnull"])
-        try:
-            dec = decode_one(src, base, pre, media, cpu_only, modality)
+        try:  # an image fetched ahead is waited for under its deadline
+            dec = decode_one(ahead.take(position) if position in ahead else src, base, pre, media, cpu_only, modality)
         finally:
             faulthandler.cancel_dump_traceback_later()
             _record(token, 0, 0, 0.0, 0.0)

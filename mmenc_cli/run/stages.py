@@ -60,7 +60,7 @@ class Stages:
             pre = self._preprocessors(encoder, frames)
             make_pool = lambda: DecodePool(pre, self.cfg.media, workers, max_in_flight=in_flight,  # noqa: E731
                                            stop=self.run.stop, slots=in_flight + CHUNK + size,
-                                           idle=self._idle)
+                                           idle=self._idle, fetch_bytes=batch.max_inflight_bytes // max(1, workers))
             asked = set(self.run.modalities)
             sizes = {"image": size, "audio": size, "video": max(1, size // frames)}
             # a worker holds its chunk whole, and so does the chunk's pickled copy on its way there:

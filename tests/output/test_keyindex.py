@@ -1,6 +1,6 @@
 """Key packs (`output/keyindex.py`): a resume reads a runner's packs instead of one key file a
 shard, and falls back to the key files wherever a pack is missing, cut, or names a shard that
-is gone; what a resume skips never depends on the packs."""
+is gone, or fails its checksum; what a resume skips never depends on the packs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from mmenc_cli.output import OutDir
 from mmenc_cli.output import keyindex
 from mmenc_cli.output.fs import LocalFS
 from mmenc_cli.output.history import load_history
+from mmenc_cli.output.keys import SEAL
 from mmenc_cli.run.pipeline import run_encode
 from tests.fakes import FakeEncoder, factory
 from tests.runs import embeddings, make_cfg
@@ -72,7 +73,7 @@ def test_a_resume_reads_packs_not_key_files(tmp_path: Path, monkeypatch: pytest.
     assert first.counters.encoded_now == N and len(embeddings(out)) == N
 
 
-@pytest.mark.parametrize("damage", ["missing", "cut", "garbage"])
+@pytest.mark.parametrize("damage", ["missing", "cut", "garbage", "garbled", "version 1"])
 def test_a_pack_missing_or_damaged_means_its_key_files_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  damage: str) -> None:
     m, out = manifest(tmp_path / "m.jsonl"), tmp_path / "out"
@@ -81,7 +82,10 @@ def test_a_pack_missing_or_damaged_means_its_key_files_are_read(tmp_path: Path, 
     if damage == "missing":  # a run killed before its pack was written
         pack.unlink()
     else:
-        pack.write_bytes(pack.read_bytes()[:-7] if damage == "cut" else b"MMPACK1\n{not json\n")
+        data = pack.read_bytes()
+        garbled = data[:-200] + bytes(b ^ 0x5A for b in data[-200:-136]) + data[-136:]  # rows, same size
+        pack.write_bytes({"cut": data[:-7], "garbage": b"MMPACK2\n{not json\n", "garbled": garbled,
+                          "version 1": b"MMPACK1\n" + data[8:-SEAL]}[damage])
     reads = Reads(monkeypatch)
     assert len(load_history(OutDir(out)).done) == N
     assert sorted(Path(p).name for p in reads.of(".keys")) == [f"part-t00000-w00-{s:06d}.keys" for s in range(5, 10)]
@@ -137,7 +141,7 @@ def test_a_pack_header_of_any_damage_is_passed_over(tmp_path: Path, head: bytes)
     m, out = manifest(tmp_path / "m.jsonl"), tmp_path / "out"
     run(m, out)
     pack = OutDir(out).meta / "packs" / "part-t00000-w00-000000.pack"
-    pack.write_bytes(b"MMPACK1\n" + head + b"\n")
+    pack.write_bytes(keyindex.seal(b"MMPACK2\n" + head + b"\n"))  # its checksum holds: the header is parsed
     assert len(load_history(OutDir(out), (0, 0)).done) == N and not pack.exists()
 
 

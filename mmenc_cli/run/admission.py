@@ -57,7 +57,9 @@ class RunAdmission:
 
     def judge(self, recorded: dict[str, Any], fp: dict[str, Any]) -> list[str]:
         check_task_count(self.cfg, recorded)
-        diff = fingerprint_diff(recorded.get("fingerprint", {}), fp)
+        model = self.cfg.model.model
+        diff = [f"model {model}: its files are not those the output was written with" if d.startswith("model_stamp:")
+                else d for d in fingerprint_diff(recorded.get("fingerprint", {}), fp, model)]
         if not diff:
             for name, was, now in version_changes(recorded.get("versions")):  # a routine upgrade: go on, say so
                 log.warning("%s was started with %s %s, this run has %s %s: resuming; vectors made by the two "

@@ -8,7 +8,6 @@ end (`task_record`): state, counters, seconds, versions, the config and how the 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 from typing import Any
@@ -18,23 +17,9 @@ from ..clock import timestamp
 from ..config import DEFAULT_DECODE, RunConfig, fingerprint_fields
 from ..errors import ConfigError
 from ..encoders.base import Encoder
-from ..encoders.libraries import canonical_model, model_path
+from ..encoders.libraries import model_path
 from .counters import Counters, RunResult
-
-
-def model_stamp(model: str) -> str | None:
-    """For a local model folder: a hash of its config and weight file sizes (None for hub ids)."""
-    path = model_path(model)
-    if path is None:
-        return None
-    h = hashlib.sha256()
-    for name in sorted(os.listdir(path)):
-        p = path / name
-        if name.endswith(".json") and p.is_file() and p.stat().st_size < 1 << 20:
-            h.update(name.encode() + p.read_bytes())
-        elif name.endswith((".safetensors", ".bin")):
-            h.update(f"{name}:{p.stat().st_size}".encode())
-    return h.hexdigest()[:16]
+from .model_identity import is_legacy, legacy_identity, model_identity, model_stamp
 
 
 #: what a fingerprint written before a key existed means by its absence: how mmenc worked then,
@@ -56,9 +41,8 @@ def decode_mode(cfg: RunConfig, recorded: dict[str, Any] | None) -> str:
 #: the fingerprinted options recorded otherwise than as their value (the others: `{name: value}`),
 #: each a function of the config and the resolved dtype
 RECORDED = {
-    # a local folder's path made absolute, and a stamp of its files: retrained weights in place differ
-    ("model", "model"): lambda cfg, dtype: {"model": canonical_model(cfg.model.model),
-                                            "model_stamp": model_stamp(cfg.model.model)},
+    # a local folder by what it holds, never where it lies (`model_identity.py`)
+    ("model", "model"): lambda cfg, dtype: model_identity(cfg.model.model),
     ("model", "dtype"): lambda cfg, dtype: {"dtype": dtype},  # "auto" means another dtype per device
     ("manifest", "keep"): lambda cfg, dtype: {"keep": list(cfg.manifest.keep)},
     # no --frames means a count that --fps changes: the count itself is what shapes the vectors
@@ -82,9 +66,13 @@ def fingerprint(cfg: RunConfig, dtype: str) -> dict[str, Any]:
     return fp
 
 
-def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def fingerprint_diff(old: dict[str, Any], new: dict[str, Any], model: str | None = None) -> list[str]:
     """Human-readable differences between an output's recorded fingerprint and this run's, over
-    this run's keys (a key missing from the old one means its `LEGACY_FINGERPRINT` value)."""
+    this run's keys (a key missing from the old one means its `LEGACY_FINGERPRINT` value). With
+    `model` (`--model`), a local folder the old fingerprint names the earlier way (its path and a
+    stamp of its sizes) is compared that way."""
+    if model is not None and is_legacy(old):
+        new = {**new, **(legacy_identity(model) or {})}
     old = {**LEGACY_FINGERPRINT, **old}
     return [f"{k}: output has {old.get(k)!r}, this run {new.get(k)!r}" for k in new if old.get(k) != new.get(k)]
 

@@ -35,24 +35,36 @@ from ..records import InvalidRow, ManifestRow, NotDownloaded
 from . import arrow, delimited, folder, img2dataset, jsonl, missing, parquet, tar  # noqa: F401
 from .files import expand, is_url, local
 from .plan import plan
-from .registry import Format, by_extension, format_of, register
+from .preflight import preflight
+from .registry import Format, Source, by_extension, format_of, register
 from .reread import read_record
-from .slicing import iter_slice
+from .slicing import Reading, iter_slice, work_size
 
-__all__ = ["Format", "ManifestError", "detect_format", "expand", "format_of", "is_url", "iter_rows", "read_raw_row",
-           "read_row", "record_has_id", "register", "source_format"]
+__all__ = ["Format", "ManifestError", "Reading", "detect_format", "expand", "format_of", "is_url", "iter_rows",
+           "preflight", "read_raw_row", "read_row", "record_has_id", "register", "slice_size", "source_format"]
 
 
-def iter_rows(manifests: Sequence[str], cfg: ManifestConfig, task_index: int = 0,
-              task_count: int = 1) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
-    """Stream the rows of this task's slice of the inputs (see the module docstring).
+def iter_rows(manifests: Sequence[str], cfg: ManifestConfig, task_index: int = 0, task_count: int = 1,
+              reading: Reading | None = None, sources: list[Source] | None = None
+              ) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
+    """Stream the rows of this task's slice of the inputs (see the module docstring); `reading`,
+    where given, gets the slice's size at once and follows the position reached (progress);
+    `sources`: the inputs planned already (`preflight`).
 
     Inputs are checked (exist, known format) before the first row, so a bad path fails at once.
     """
     if task_count < 1 or not 0 <= task_index < task_count:
         raise ManifestError(f"task index {task_index} is not in [0, {task_count})")
-    sources = plan(manifests)
-    return iter_slice(sources, cfg, task_index, task_count)
+    sources = plan(manifests) if sources is None else sources
+    if reading is not None:
+        size = work_size(sources, cfg, task_index, task_count)
+        reading.total, reading.unit, reading.done = size.total, size.unit, 0
+    return iter_slice(sources, cfg, task_index, task_count, reading)
+
+
+def slice_size(manifests: Sequence[str], cfg: ManifestConfig, task_index: int = 0, task_count: int = 1) -> Reading:
+    """The size of a task's slice without reading it (sizes from a stat or a listing; `Reading`)."""
+    return work_size(plan(manifests), cfg, task_index, task_count)
 
 
 def read_raw_row(manifest: str, offset: int, key: str | None = None,

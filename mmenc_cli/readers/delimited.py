@@ -247,6 +247,10 @@ class Delimited(Format):
         assert part.b is not None
         return csv_records(src, self.keys(cfg), cfg, (part.a, part.b), self.delimiter)
 
+    def position(self, src: Source, offset: int) -> int | None:
+        """The record's byte offset."""
+        return offset
+
     def record(self, path: str, offset: int, limit: int,
                key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
         """The record at byte `offset`."""

@@ -142,6 +142,10 @@ class Jsonl(Format):
         """The lines starting in the task's byte range."""
         return jsonl_records(src.path, part.a, part.b, cfg.max_row_bytes)
 
+    def position(self, src: Source, offset: int) -> int | None:
+        """The line's byte offset (a `.gz` file takes no room: never asked)."""
+        return offset
+
     def record(self, path: str, offset: int, limit: int,
                key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
         """The line at byte `offset`."""

@@ -23,6 +23,8 @@ from .registry import RANGES, Format, Part, Source, register
 from .validate import Keys, check_columns
 
 PARQUET_BATCH = 256  # rows converted to Python at once: inline images make rows large
+#: (path, size) -> the rows its footer says, while it is read: where a row sits, for progress
+_ROWS: dict[tuple[str, int], int] = {}
 
 
 def parquet_file(path: str) -> Any:
@@ -66,7 +68,11 @@ def parquet_records(src: Source, keys: Keys, a: int, b: int) -> Iterator[Raw]:
         check_columns(names, src.path, keys)
         n = pf.metadata.num_rows
         lo, hi = -(-a * n // src.size), -(-b * n // src.size)
-        yield from parquet_rows(pf, src.path, [c for c in keys.columns if c in names], lo, hi)
+        _ROWS[(src.path, src.size)] = n
+        try:
+            yield from parquet_rows(pf, src.path, [c for c in keys.columns if c in names], lo, hi)
+        finally:
+            _ROWS.pop((src.path, src.size), None)
 
 
 def parquet_rows(pf: Any, path: str, columns: list[str] | None, lo: int = 0,
@@ -147,6 +153,11 @@ class Parquet(Format):
                                                  reason="manifest.bad_shard"))])
         assert part.b is not None
         return parquet_records(src, self.keys(cfg), part.a, part.b)
+
+    def position(self, src: Source, offset: int) -> int | None:
+        """Row r of N sits at byte r*S//N (N from the footer its reader opened)."""
+        rows = _ROWS.get((src.path, src.size))
+        return offset * src.size // rows if rows else None
 
     def record(self, path: str, offset: int, limit: int,
                key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:

@@ -99,6 +99,11 @@ class Format:
         """This task's records of `src`: the `part` its `slicing` gives the task."""
         raise NotImplementedError(f"{self.name} inputs are read as the sources they hold")
 
+    def position(self, src: Source, offset: int) -> int | None:
+        """Where the record at `offset` starts in `src`'s room in the byte space, for progress;
+        None where that is not known until the source ends (the default)."""
+        return None
+
     def record(self, path: str, offset: int, limit: int,
                key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
         """The record at `offset` (a keyed format's: at `key`, where given) and its read error;

@@ -40,6 +40,7 @@ tasks run: the split is computed from their sizes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 from ..config import ManifestConfig
@@ -47,37 +48,79 @@ from ..records import InvalidRow, ManifestRow, NotDownloaded
 from .registry import SPREAD, Part, Record, Source
 
 
-def iter_slice(sources: list[Source], cfg: ManifestConfig, task_index: int,
-               task_count: int) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
-    """Rows of every source within this task's share, up to cfg.limit."""
+@dataclass
+class Reading:
+    """How far a task has read its slice, for progress: `done` of `total` in `unit`. The unit is
+    "bytes" of the tasks' byte space (Parquet rows placed by size, as the slices place them), or
+    "rows" under `cfg.limit`. `total` is known up front from the sizes alone (no data read) and
+    None where it is not: a source that takes no room in the byte space (`.jsonl.gz`, Arrow,
+    folders) or no input at all."""
+
+    total: int | None = None
+    unit: str = "bytes"
+    done: int = 0
+
+
+def work_size(sources: list[Source], cfg: ManifestConfig, task_index: int, task_count: int) -> Reading:
+    """The size of a task's slice (`Reading.total`), with nothing read yet."""
+    if cfg.limit is not None:
+        return Reading(total=cfg.limit, unit="rows")
+    space = _space(sources, task_index, task_count)
+    rooms = [_room(src, part) for src in sources if (part := _part(src, space, (task_index, task_count)))]
+    return Reading(total=None if not sources or None in rooms else sum(r or 0 for r in rooms))
+
+
+def iter_slice(sources: list[Source], cfg: ManifestConfig, task_index: int, task_count: int,
+               reading: Reading | None = None) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
+    """Rows of every source within this task's share, up to cfg.limit; `reading` (from
+    `work_size`) follows the position reached, each row's before it is yielded."""
     if cfg.limit == 0:
         return
-    total = sources[-1].start + sources[-1].size if sources else 0
-    lo, hi = total * task_index // task_count, total * (task_index + 1) // task_count
+    reading = reading or Reading()
+    space = _space(sources, task_index, task_count)
     count = 0
     for src in sources:
-        raws = _records(src, cfg, (lo, hi, total), (task_index, task_count))
-        keys = src.fmt.keys(cfg)
-        for raw in raws or ():
+        part = _part(src, space, (task_index, task_count))
+        if part is None:
+            continue
+        room, base, keys = _room(src, part), reading.done, src.fmt.keys(cfg)
+        for raw in src.fmt.records(src, cfg, part):
             if isinstance(raw, (NotDownloaded, InvalidRow)):  # an img2dataset shard's metadata rows
                 yield raw
                 continue
             line, offset, record, error = raw
+            if reading.unit == "bytes" and room and (at := src.fmt.position(src, offset)) is not None:
+                reading.done = base + min(max(at - (part.a or 0), 0), room)
             yield src.fmt.row(src.path, line, offset, record, error, keys)
             count += 1
+            reading.done = count if reading.unit == "rows" else reading.done
             if count == cfg.limit:
                 return
+        if reading.unit == "bytes":
+            reading.done = base + (room or 0)
 
 
-def _records(src: Source, cfg: ManifestConfig, space: tuple[int, int, int],
-             pick: tuple[int, int]) -> Iterator[Record] | None:
-    """This task's records of one source (as its format reads them): its byte range of a text or
-    Parquet manifest, every k-th part of a spread one, a whole source or nothing."""
+def _space(sources: list[Source], task_index: int, task_count: int) -> tuple[int, int, int]:
+    """This task's range [lo, hi) of the byte space, and the space's size."""
+    total = sources[-1].start + sources[-1].size if sources else 0
+    return total * task_index // task_count, total * (task_index + 1) // task_count, total
+
+
+def _part(src: Source, space: tuple[int, int, int], pick: tuple[int, int]) -> Part | None:
+    """The part of one source this task reads (None: none of it): its byte range of a text or
+    Parquet manifest, every k-th part of a spread one, or a whole source."""
     lo, hi, total = space
     if src.fmt.slicing == SPREAD:
-        return src.fmt.records(src, cfg, Part(pick=pick))
+        return Part(pick=pick)
     if src.fmt.taken_whole(src):  # by the task whose range holds its first byte (the last: one at the end)
         last = pick[0] == pick[1] - 1 and src.start == total
-        return src.fmt.records(src, cfg, Part()) if lo <= src.start < hi or last else None
+        return Part() if lo <= src.start < hi or last else None
     a, b = max(lo - src.start, 0), min(hi - src.start, src.size)
-    return src.fmt.records(src, cfg, Part(a, b)) if a < b else None
+    return Part(a, b) if a < b else None
+
+
+def _room(src: Source, part: Part) -> int | None:
+    """The bytes of the byte space a part takes: None for a spread source, which takes none."""
+    if part.pick is not None:
+        return None
+    return src.size if part.b is None else part.b - part.a

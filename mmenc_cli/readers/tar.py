@@ -328,6 +328,11 @@ class Tar(Format):
         """Every sample of the shard."""
         return tar_records(src.path, cfg.max_row_bytes)
 
+    def position(self, src: Source, offset: int) -> int | None:
+        """The sample's byte offset in a plain tar; in a compressed one offsets are the
+        uncompressed stream's, so its progress is known when it ends."""
+        return None if src.path.lower().endswith((".gz", ".tgz")) else offset
+
     def record(self, path: str, offset: int, limit: int,
                key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
         """The sample whose first member header is at byte `offset`."""

@@ -18,13 +18,15 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import shutil
 import threading
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from pathlib import Path
+from typing import Any, Callable
 
 from ..errors import LockBusy, OutputError
 from ..stopping import Interrupted, interruptible
+from .admit import Admission, admit
 from .outdir import OutDir
 from .fs import read_json
 from .history import History, load_history
@@ -40,20 +42,6 @@ from .shardlog import log_commit, reconcile
 log = logging.getLogger("mmenc")
 
 ROLES = ("task", "devices", "device")
-
-
-class Admission(Protocol):
-    """The run's side of opening a task: its fingerprint and how it judges an output's."""
-
-    def fingerprint(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
-        """The run's fingerprint, given the output's run.json (None: a new output)."""
-
-    def judge(self, recorded: dict[str, Any], fingerprint: dict[str, Any]) -> list[str]:
-        """What differs between the output's run.json and this run's fingerprint (empty: it may
-        resume), logging what only deserves a warning."""
-
-    def create(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
-        """The run.json of a new output (its facts need the model: this loads it)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +91,8 @@ class TaskOutput:
         self._found: list[Any] = []  # the record this run replaced, once it wrote its own (None: none was there)
         self._committed: dict[str, int] = {}  # shard name -> rows, of the shards this run committed
         self.run_meta: dict[str, Any] | None = None  # run.json as this run read or created it
+        self.created_meta = False  # this run created run.json
+        self.created_root = False  # this run created OUT (a local folder)
 
     def commit(self, shard: Any, writer: Any) -> Committed:
         """Commit one shard (`writers.ShardData`, encoded by a `writers.ShardWriter`): its side
@@ -130,6 +120,7 @@ class TaskOutput:
             log_commit(self.out, req.task, req.worker, committed, len(shard), size)  # a fault ends the run
         self._packs.add(name, record)
         self._committed[committed.name] = len(shard)
+        _quietly(self._refresh)  # the record says how far the task is; a fault there is no shard's
         return Committed(name)
 
     def flush_report(self, records: list[ErrorRecord], sync: bool) -> None:
@@ -157,6 +148,7 @@ class TaskOutput:
                 self._claim.release()  # no heartbeat may overwrite the final record
             if refused:
                 _quietly(self._restore)
+                _quietly(self._undo_meta)
             if isinstance(self.report, PartReportWriter) and lost:
                 self.report.discard()
             if self.report is not None:
@@ -169,6 +161,8 @@ class TaskOutput:
                 self._claim.release()
             self._claim = None
             self.out.close()
+        if refused and self.created_root:
+            _remove_if_only_locks(self.out)
         if lost_shards:
             raise OutputError(lost_shards)
 
@@ -221,11 +215,40 @@ class TaskOutput:
             else:
                 self.out.write_task_meta(self.request.task, found)
 
+    def _undo_meta(self) -> None:
+        """After a refused start: the run.json this run created (when no shard was committed since)
+        and its empty error report go, so the same OUT takes a corrected command."""
+        report = self.out.error_report_path(self.request.task, self.request.worker)
+        if not self.out.in_store and report.exists() and report.stat().st_size == 0:
+            self.out.fs.remove(report)
+        if self.created_meta and not self.out.shards():
+            self.out.fs.remove(self.out.run_meta_path)
+
+    def _refresh(self) -> None:
+        """Write the running task's record again with what `meta()` says now (its counts and
+        progress), so `mmenc status` shows how far a running task is; a device worker has none."""
+        if self.request.meta is None or self.request.role == "device" or not self._last:
+            return
+        with self._record_lock:
+            data = self._last = {**self._last, **self.request.meta()}  # keeps the start's previous_state
+            if isinstance(self._claim, Lease):
+                data = self._claim.stamp(data)
+            self.out.write_task_meta(self.request.task, data)
+
     def _beat(self) -> None:
         """Rewrite the last record with a fresh heartbeat (the lease's background thread)."""
         with self._record_lock:
             if isinstance(self._claim, Lease) and self._last:
                 self.out.write_task_meta(self.request.task, self._claim.stamp(self._last))
+
+
+def _remove_if_only_locks(out: OutDir) -> None:
+    """Remove a local OUT that a refused start created, when nothing but empty folders and lock
+    files is left in it (a runner that started beside it keeps what it wrote)."""
+    root = Path(str(out.root))
+    kept = [p for p in root.rglob("*") if p.is_file() and p.parent != out.meta / "locks"]
+    if not kept:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _quietly(fn: Callable[[], None]) -> None:
@@ -242,9 +265,11 @@ def open_task(req: TaskRequest) -> TaskOutput:
     if req.role not in ROLES:
         raise ValueError(f"role {req.role!r} is not one of {ROLES}")
     out = OutDir(req.root, req.storage_options)
+    created = not out.in_store and not Path(str(out.root)).exists()
     try:
         out.prepare()  # exists and writable (OutputError) before taking the lock
         task = TaskOutput(out, req, _claim(out, req))
+        task.created_root = created
     except BaseException:
         out.close()
         raise
@@ -313,7 +338,7 @@ def _ready(task: TaskOutput) -> None:
     assert req.admission is not None
     try:
         with interruptible(req.stop):
-            task.run_meta = _admit(out, req.admission)
+            task.run_meta, task.created_meta = admit(out, req.admission)
             task.facts = dict(task.run_meta.get("facts") or {})
             if req.role == "task" and not isinstance(task._claim, Lease):
                 assert req.meta is not None
@@ -335,43 +360,3 @@ def _report(task: TaskOutput) -> ErrorReportWriter | PartReportWriter:
     runner = task._claim.runner if isinstance(task._claim, Lease) else os.urandom(6).hex()
     return PartReportWriter(out.fs, out.meta / "errors",
                             lambda k: report_part_name(req.task, req.worker, task._seq, runner, k))
-
-
-def _recorded(out: OutDir) -> Any:
-    """run.json's content (None for a new output). A first read that finds none while OUT holds
-    shards looks again: another task may have written run.json and a shard in between, and a
-    store with weaker consistency than S3's (or a busy one) may show an object late. OutputError
-    when OUT holds shards but still no run.json."""
-    recorded = out.read_run_meta()
-    if recorded is not None or not out.shards():
-        return recorded
-    for wait in (0.0, 0.5, 1.0, 2.0) if out.in_store else (0.0,):
-        time.sleep(wait)
-        recorded = out.read_run_meta()
-        if recorded is not None:
-            return recorded
-    if out.run_meta_path.exists():
-        return None  # there but unreadable: damaged
-    raise OutputError(f"{out.root} holds shards but no {out.run_meta_path.name}: "
-                      "not an mmenc output, or damaged; use --overwrite to start over")
-
-
-def _admit(out: OutDir, admission: Admission) -> dict[str, Any]:
-    """The output's run.json when this run's options match it; a new output's, recorded as its
-    new run.json. OutputError when the options differ, or run.json is damaged, or OUT holds
-    shards but no run.json."""
-    recorded = _recorded(out)
-    if recorded is not None and not isinstance(recorded, dict) or recorded is None and out.run_meta_path.exists():
-        raise OutputError(f"{out.run_meta_path} is damaged (not the run's options and facts): restore it, or "
-                          "start over with --overwrite")
-    fingerprint = admission.fingerprint(recorded)
-    if recorded is None:
-        meta = admission.create(fingerprint)
-        if out.create_run_meta(meta):
-            return meta
-        recorded = out.read_run_meta() or {}  # another task or device worker was first: ours must match
-    diff = admission.judge(recorded, fingerprint)
-    if diff:
-        raise OutputError(f"{out.root} was written with other options ({'; '.join(diff)}); "
-                          "use the same options, another --out, or --overwrite to start over")
-    return recorded

@@ -12,7 +12,7 @@ OUTPUT = PACKAGE / "output"
 LISTING_ALLOWED = {
     "readers/": "inputs: folders and globs of manifests, shards, folders of files, datasets",
     "export.py": "the export's destination must be empty",
-    "run/metadata.py": "a local model folder's files, for its fingerprint stamp",
+    "run/model_identity.py": "a local model folder's files, for its content stamp",
 }
 LISTING = ("glob", "rglob", "iterdir", "scandir", "listdir", "walk")
 

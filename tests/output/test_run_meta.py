@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mmenc_cli.errors import OutputError
-from mmenc_cli.output import OutDir, task
+from mmenc_cli.output import OutDir, admit
 from mmenc_cli.run.pipeline import run_encode
 from tests.fakes import FakeEncoder, factory
 from tests.runs import make_cfg
@@ -29,7 +29,7 @@ def encode(m: Path, out: str) -> Any:
 
 @pytest.fixture
 def bucket_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
-    monkeypatch.setattr(task.time, "sleep", lambda s: None)
+    monkeypatch.setattr(admit.time, "sleep", lambda s: None)
     m = manifest(tmp_path / "m.jsonl")
     out = f"memory://bkt-{uuid.uuid4().hex}/emb"
     assert encode(m, out).counters.encoded_now == 12

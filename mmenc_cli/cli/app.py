@@ -22,7 +22,23 @@ from . import encode, errors, export, inspect, ray, slurm, status
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,  # option help holds [default: ...] and mmenc[gpu]: not markup
-                  help="Batch-encode images and texts into embeddings, offline, without losing a row.")
+                  help="Batch-encode images, texts, audio and video into embeddings, offline, without losing a row.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"mmenc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print mmenc's version and exit.")) -> None:
+    """Batch-encode images, texts, audio and video into embeddings, offline, without losing a row."""
+
+
 app.command("encode")(encode.encode)
 app.command("inspect")(inspect.inspect)
 app.add_typer(errors.errors_app, name="errors")

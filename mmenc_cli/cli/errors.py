@@ -17,7 +17,8 @@ errors_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Insp
 CodeOpt = Annotated[Optional[List[int]], typer.Option("--code", help="Only this HTTP-style code (repeatable).")]
 ReasonOpt = Annotated[Optional[List[str]], typer.Option("--reason", help="Only this reason slug (repeatable).")]
 StageOpt = Annotated[Optional[List[str]], typer.Option("--stage", help="Only this stage (repeatable).")]
-ModalityOpt = Annotated[Optional[List[str]], typer.Option("--modality", help="image, text or none (repeatable).")]
+JsonLinesOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object a line on stdout: JSON lines (for scripts).")]
+ModalityOpt = Annotated[Optional[List[str]], typer.Option("--modality", help="image, text, audio, video, or none for rows that are not valid (repeatable).")]
 GrepOpt = Annotated[Optional[str], typer.Option("--grep", help="Only rows containing this text (case-insensitive).")]
 
 
@@ -46,7 +47,7 @@ def summary(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason
 
 
 @errors_app.command("list")
-def list_(out: OutArg, json_out: JsonOpt = False, code: CodeOpt = None, reason: ReasonOpt = None,
+def list_(out: OutArg, json_out: JsonLinesOpt = False, code: CodeOpt = None, reason: ReasonOpt = None,
           stage: StageOpt = None, modality: ModalityOpt = None, grep: GrepOpt = None) -> None:
     """The current failures, one per item (--json: JSON lines)."""
     from ..error_rows import json_line

@@ -11,8 +11,9 @@ OutArg = Annotated[str, typer.Argument(help="Output of an mmenc run: a folder, o
                                             "az://).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (for scripts).")]
 ModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="Hugging Face model id or local directory. Default: the bundled DEMO model "
-    "(random weights, meaningless embeddings; for trying mmenc offline).")]
+    "--model", "-m", help="A Hugging Face model id (openai/clip-vit-base-patch32), a local model folder, "
+    "open_clip:ARCH/PRETRAINED or open_clip:hf-hub:ID (OpenCLIP), timm:NAME or timm:hf-hub:ID (timm). Default: "
+    "the bundled DEMO model (random weights, meaningless embeddings; for trying mmenc offline).")]
 OutOpt = Annotated[str, typer.Option("--out", "-o", help="Output folder (created if missing), or an object-store "
                                                         "URL: s3://bucket/prefix, gs://..., az://... (its fsspec "
                                                         "package installed; credentials from the store's own chain).")]

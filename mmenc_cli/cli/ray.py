@@ -30,6 +30,7 @@ class RayParams:
     gpus_per_task: float | None
     cpus_per_task: int
     max_retries: int
+    connect_timeout: float
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,16 @@ def ray(
                                                "workers: --workers defaults to this less one).")] = 1,
     max_retries: Annotated[int, typer.Option(min=0, help="Retries of a task whose worker or node dies, or that "
                                              "was interrupted or met a live runner of its slice (each resumes).")] = 3,
+    connect_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to reach a cluster given by address "
+                                                   "(--address or RAY_ADDRESS) before giving up (exit 3).")] = 30.0,
 ) -> None:
     """Run `mmenc encode` as N tasks on a Ray cluster into one OUT; every task resumes where it stopped.
 
     Encode options go after `--`, e.g.: mmenc ray data/*.tar --out s3://b/emb --tasks 64 -- --batch-size 128.
     --max-errors and --max-error-rate apply to the whole job; --progress, --json and --verbose to the
     driver's display. Stopping the driver (Ctrl-C, SIGTERM) cancels its tasks; running it again resumes.
-    Exit codes: 0 done; 2 usage error; 3 setup error (no Ray, the model, the inputs or OUT not usable on
-    the workers, an output fault); 4 past the error threshold or work left; 130/143 stopped; otherwise
+    Exit codes: 0 done; 2 usage error; 3 setup error (no Ray, the cluster not reached within
+    --connect-timeout, the model, the inputs or OUT not usable on the workers, an output fault); 4 past the error threshold or work left; 130/143 stopped; otherwise
     the code of the first task that failed after its retries (137: its worker died every time).
     """
     p = RayParams(**{k: v for k, v in locals().items() if k != "ctx"})  # the parameters, and nothing else yet
@@ -117,7 +120,7 @@ def _job(ctx: typer.Context, p: RayParams) -> tuple[Any, Shown]:
     if gpus is None:
         gpus = float(sum(1 for d in cfg.model.devices if d.startswith("cuda")))
     spec = JobSpec(cfg=cfg, tasks=p.tasks, cpus_per_task=p.cpus_per_task, gpus_per_task=gpus,
-                   max_retries=p.max_retries, address=p.address)
+                   max_retries=p.max_retries, address=p.address, connect_timeout=p.connect_timeout)
     return spec, Shown(params["progress"], params["log_every"], params["json_out"], params["verbose"])
 
 

@@ -43,7 +43,7 @@ FINE = ("done", "stopped", "cancelled")
 @dataclass(frozen=True)
 class JobSpec:
     """One job: the encode config (task 0's, with the job's thresholds), the task count, what each
-    task asks of the engine, and where the engine is."""
+    task asks of the engine, where the engine is and how long to try reaching it (seconds)."""
 
     cfg: "RunConfig"
     tasks: int
@@ -51,6 +51,7 @@ class JobSpec:
     gpus_per_task: float = 0.0
     max_retries: int = 3
     address: str | None = None
+    connect_timeout: float = 30.0
 
     def task_config(self, index: int) -> "RunConfig":
         """Task `index`'s config: no thresholds of its own (the job's apply across tasks), and a

@@ -7,12 +7,21 @@ Ray retries a task whose worker or node died, and one that hands back a code of 
 request (the first Ctrl-C or SIGTERM) cancels every task: Ray interrupts the running ones, which
 commit whole shards and record themselves interrupted; a second Ctrl-C kills their workers. With
 `--fail-fast`, the first task that stops at a failed item has the others cancelled the same way.
+
+Joining a cluster by address is bounded (`--connect-timeout`): Ray itself would retry a GCS that
+never answers for many minutes. `ray.init` runs on a thread of its own, which lives until the
+driver disconnects (a local cluster's processes die with the thread that started them), so the
+main thread can give up at the deadline or on a stop request; afterwards the main thread takes
+SIGINT and SIGTERM back from the handlers `ray.init` installs (Ray's own exits the driver at once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -40,19 +49,20 @@ def run_job(spec: JobSpec, display: Display, stop: threading.Event,
     request, and `signum()` then says which signal made it."""
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # Ray echoes its workers' output: stdout is for --json
-        outcomes, status, status_error = _run(spec, display, stop)
+        outcomes, status, status_error = _run(spec, display, stop, signum)
     merged = merge_results(spec, outcomes, time.perf_counter() - t0)
     code, reason = job_exit_code(outcomes, merged, None if status is None else bool(status.ok), signum())
     return JobResult(tasks=outcomes, result=merged, status=status, status_error=status_error, code=code,
                      reason=reason, signum=signum())
 
 
-def _run(spec: JobSpec, display: Display, stop: threading.Event) -> tuple[list[TaskOutcome], Any, str | None]:
+def _run(spec: JobSpec, display: Display, stop: threading.Event,
+         signum: Callable[[], int | None]) -> tuple[list[TaskOutcome], Any, str | None]:
     """Connect, check, submit, gather; the tasks' outcomes and the status after them."""
-    _connect(spec.address)
+    connection = _connect(spec, stop, signum)
     try:
         _check_resources(spec)
-        _preflight(spec, stop)
+        _preflight(spec, stop, signum)
         board = ProgressBoard.remote()  # type: ignore[attr-defined]
         refs = {mmenc_task.options(**_resources(spec), max_retries=spec.max_retries, retry_exceptions=[TaskRetry])
                 .remote(spec.task_config(i), board): i for i in range(spec.tasks)}
@@ -60,17 +70,104 @@ def _run(spec: JobSpec, display: Display, stop: threading.Event) -> tuple[list[T
         status, status_error = _status(spec)
     finally:
         ray.shutdown()
+        connection.release.set()
     return outcomes, status, status_error
 
 
-def _connect(address: str | None) -> None:
-    """Join the cluster at `address`; without one, Ray's own rule: RAY_ADDRESS, else a cluster
-    started on this machine with `ray start`, else a new local one for this job."""
+def _stopped(signum: Callable[[], int | None], when: str) -> RunError:
+    """The stop request that ended the driver before any task ran, with its signal's exit code."""
+    return RunError(f"stopped {when}: nothing ran; the same command again starts the job",
+                    128 + (signum() or signal.SIGINT))
+
+
+class _SigtermNote(logging.Filter):
+    """Drops Ray's note that it set no SIGTERM handler off the main thread: the driver has its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+class Connection:
+    """`ray.init` on a thread that lives until `release` is set (see the module docstring)."""
+
+    def __init__(self, address: str | None) -> None:
+        self.address = address
+        self.ready, self.release = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="mmenc-ray-connect", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
+        except BaseException as exc:  # handed to the main thread, which raises it
+            self.error = exc
+        finally:
+            self.ready.set()
+        self.release.wait()
+
+
+def _connect(spec: JobSpec, stop: threading.Event, signum: Callable[[], int | None]) -> Connection:
+    """Join the cluster at `spec.address`; without one, Ray's own rule: RAY_ADDRESS, else a cluster
+    started on this machine with `ray start`, else a new local one for this job. Joining by address
+    gives up after `spec.connect_timeout` seconds (exit 3); a stop request ends the wait at once."""
+    target = spec.address or os.environ.get("RAY_ADDRESS") or None
+    joins = target not in (None, "local")
+    deadline = time.monotonic() + spec.connect_timeout
+    if joins:
+        _probe(target, spec.connect_timeout)  # type: ignore[arg-type]
+    quiet, noisy = _SigtermNote(), logging.getLogger("ray._private.worker")
+    noisy.addFilter(quiet)
+    handlers = _handlers()
+    connection = Connection(spec.address)
+    connection.thread.start()
     try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
-    except (ConnectionError, RuntimeError, ValueError, rex.RayError) as exc:
-        where = f"at {address}" if address else "(none given: RAY_ADDRESS, this machine's, or a new local one)"
-        raise RunError(f"cannot reach the Ray cluster {where}: {first_line(exc)}", ExitCode.SETUP) from None
+        while not connection.ready.wait(0.1):
+            if stop.is_set():
+                raise _stopped(signum, f"while connecting to the Ray cluster{_where(spec.address)}")
+            if joins and time.monotonic() > deadline:
+                raise RunError(f"cannot reach the Ray cluster at {target}: no answer within {spec.connect_timeout:g} s "
+                               "(--connect-timeout)", ExitCode.SETUP)
+    finally:
+        _restore(handlers)
+        noisy.removeFilter(quiet)
+    if connection.error is not None:
+        connection.release.set()
+        raise RunError(f"cannot reach the Ray cluster{_where(spec.address)}: {first_line(connection.error)}",
+                       ExitCode.SETUP) from None
+    return connection
+
+
+def _where(address: str | None) -> str:
+    return f" at {address}" if address else " (none given: RAY_ADDRESS, this machine's, or a new local one)"
+
+
+def _probe(address: str, timeout: float) -> None:
+    """A plain TCP connect to the cluster's HOST:PORT: a port nobody listens on fails here at once,
+    with the system's reason, instead of at the deadline (an address that is no HOST:PORT is left
+    to Ray)."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise RunError(f"cannot reach the Ray cluster at {address}: {why}", ExitCode.SETUP) from None
+
+
+def _handlers() -> dict[int, Any]:
+    """This thread's SIGINT and SIGTERM handlers (none off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    """Put the driver's handlers back: `ray.init` replaces SIGTERM's (on the main thread, with an
+    exit) and, in its core worker, the C-level handler under Python's (with a crash dump)."""
+    for sig, handler in handlers.items():
+        if handler is not None:  # None: not set from Python, nothing to put back
+            signal.signal(sig, handler)
 
 
 def _resources(spec: JobSpec) -> dict[str, Any]:
@@ -85,19 +182,20 @@ def _check_resources(spec: JobSpec) -> None:
                     "joins (--cpus-per-task, --gpus-per-task)", spec.cpus_per_task, spec.gpus_per_task)
 
 
-def _wait_one(ref: Any, stop: threading.Event) -> Any:
+def _wait_one(ref: Any, stop: threading.Event, signum: Callable[[], int | None]) -> Any:
     """`ray.get(ref)`, given up on a stop request (the task is cancelled)."""
     while not ray.wait([ref], timeout=POLL)[0]:
         if stop.is_set():
             ray.cancel(ref, force=True)
-            raise RunError("stopped before the job started: nothing ran", 130)
+            raise _stopped(signum, "before the job started")
     return ray.get(ref)
 
 
-def _preflight(spec: JobSpec, stop: threading.Event) -> None:
+def _preflight(spec: JobSpec, stop: threading.Event, signum: Callable[[], int | None]) -> None:
     """On one worker, where a task would run: this mmenc, the model, the inputs and OUT's filesystem."""
     try:
-        problem = _wait_one(mmenc_check.options(**_resources(spec), max_retries=0).remote(__version__, spec.cfg), stop)
+        check = mmenc_check.options(**_resources(spec), max_retries=0).remote(__version__, spec.cfg)
+        problem = _wait_one(check, stop, signum)
     except rex.RayError as exc:
         raise RunError(f"cannot run mmenc on the Ray workers (is mmenc[ray] installed on every node?): "
                        f"{first_line(exc)}", ExitCode.SETUP) from None

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
 
 import typer
 
@@ -182,38 +183,99 @@ def _seconds_line(result: "RunResult") -> str:
             f"tokenize {secs.get('tokenize', 0):.2f}, encode {secs.get('encode', 0):.2f}, write {secs.get('write', 0):.2f}")
 
 
-class Progress:
-    """A rich progress line on a terminal; plain log lines every `every` seconds otherwise.
-    The rate leaves out the model load."""
+def eta_text(seconds: float) -> str:
+    """The time left as progress shows it: `ETA 45s`, `ETA 3m12s`, `ETA 1h02m`."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"ETA {s}s"
+    if s < 3600:
+        return f"ETA {s // 60}m{s % 60:02d}s"
+    return f"ETA {s // 3600}h{s % 3600 // 60:02d}m"
 
-    def __init__(self, mode: str, every: float) -> None:
+
+class WindowRate:
+    """The rate of a growing count over about the last `window` seconds, so an ETA follows the
+    recent pace (a model load or a slow start fades out of it). Samples are kept `step` seconds
+    apart, the newest replacing the last within a step: a few hundred at most."""
+
+    def __init__(self, window: float = 45.0, clock: Callable[[], float] = time.monotonic, step: float = 0.5) -> None:
+        self.window, self.clock, self.step = window, clock, step
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, done: int) -> None:
+        """Note the count now."""
+        now = self.clock()
+        if len(self.samples) >= 2 and now - self.samples[-2][0] < self.step:
+            self.samples[-1] = (now, done)
+        else:
+            self.samples.append((now, done))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+            self.samples.popleft()  # the oldest kept is the last one a window old
+
+    def rate(self) -> float | None:
+        """Counts per second over the window; None before two samples or while nothing moved."""
+        if len(self.samples) < 2:
+            return None
+        (t0, d0), (t1, d1) = self.samples[0], self.samples[-1]
+        return (d1 - d0) / (t1 - t0) if t1 > t0 and d1 > d0 else None
+
+
+def work_text(progress: dict[str, Any] | None, rate: WindowRate) -> str:
+    """`45.2%, ETA 3m12s` from a task's `Counters.progress` and the window's rate ("" when the
+    size of the work is unknown; no ETA before the rate is)."""
+    if progress is None:
+        return ""
+    done, total = progress["done"], progress["total"]
+    rate.add(done)
+    pct = 100.0 if total <= 0 else 100.0 * done / total
+    per_s = rate.rate()
+    eta = eta_text(0) if done >= total else (eta_text((total - done) / per_s) if per_s else "")
+    return f"{pct:.1f}%" + (f", {eta}" if eta else "")
+
+
+class Progress:
+    """A rich progress line on a terminal; plain log lines every `every` seconds otherwise. Where
+    the size of the work is known, the percentage done and an ETA from the recent rate. The
+    items/s rate leaves out the model load."""
+
+    def __init__(self, mode: str, every: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.tty = sys.stderr.isatty() if mode == "auto" else mode == "bar"
         self.enabled = mode != "none"
-        self.every = every
-        self.t0 = time.monotonic()
+        self.every, self.clock = every, clock
+        self.t0 = clock()
         self.last = self.t0
         self.bar: Any = None
+        self.window = WindowRate(clock=clock)
 
     def __call__(self, counters: "Counters", note: str = "") -> None:
         if not self.enabled:
             return
         done, failed = counters.encoded_now, counters.failed_now
-        rate = done / max(1e-9, time.monotonic() - self.t0 - counters.seconds.get("load", 0.0))
-        note = f"  {note}" if note else ""
+        rate = done / max(1e-9, self.clock() - self.t0 - counters.seconds.get("load", 0.0))
+        progress = counters.progress
+        work = work_text(progress, self.window)
         if self.tty:
-            if self.bar is None:
-                from rich.progress import Progress as Bar
-                from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+            self._bar(f"rows {counters.rows}  encoded {done}  failed {failed}  {rate:.1f} items/s"
+                      + (f"  {work.replace(', ', '  ')}" if work else "") + (f"  {note}" if note else ""), progress)
+        elif self.clock() - self.last >= self.every:
+            self.last = self.clock()
+            log.info("progress: rows %d, encoded %d, failed %d, %.1f items/s%s%s", counters.rows, done, failed, rate,
+                     f", {work}" if work else "", f"; {note}" if note else "")
 
-                self.bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True)
-                self.bar.start()
-                self.task = self.bar.add_task("")
-            self.bar.update(self.task, description=f"rows {counters.rows}  encoded {done}  failed {failed}  "
-                                                   f"{rate:.1f} items/s{note}")
-        elif time.monotonic() - self.last >= self.every:
-            self.last = time.monotonic()
-            log.info("progress: rows %d, encoded %d, failed %d, %.1f items/s%s", counters.rows, done, failed, rate,
-                     note.replace("  ", "; ", 1))
+    def _bar(self, text: str, progress: dict[str, Any] | None) -> None:
+        """The terminal's line: a bar where the total is known, else a spinner (as before)."""
+        if self.bar is None:
+            from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+
+            columns = [SpinnerColumn()] + ([BarColumn()] if progress is not None else [])
+            self.bar = Bar(*columns, TextColumn("{task.description}"), TimeElapsedColumn(), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=None)
+        if progress is not None:
+            total = progress["total"]
+            self.bar.update(self.task, total=max(total, 1), completed=progress["done"] if total else 1)
+        self.bar.update(self.task, description=text)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -246,16 +308,27 @@ def print_error_summary(out: str, s: dict[str, Any]) -> None:
     table = Table("code", "reason", "stage", "modality", "count", "example",
                   title=escape(printable(f"{plural(s['errors'], 'failed item')} in {out}")))
     for g in s["groups"]:
-        table.add_row(str(g["code"]), str(g["reason"]), str(g["stage"]), str(g["modality"] or "-"), str(g["count"]),
-                      escape(printable(f"{g['example_id']}: {g['example']}"[:120])))
+        example = g["example_id"] if g["example_id"] is not None else "(no id)"
+        table.add_row(str(g["code"]), str(g["reason"]), str(g["stage"] or "-"), str(g["modality"] or "-"),
+                      str(g["count"]), escape(printable(f"{example}: {g['example']}"[:120])))
     Console().print(table)
+
+
+def error_place(r: dict[str, Any]) -> str:
+    """Where a failure's row is: a manifest's line, a tar's or folder's member, a row's offset."""
+    manifest = r.get("manifest") or "(no input)"
+    if r.get("line"):
+        return f"{manifest}:{r['line']}"
+    if r.get("key"):
+        return f"{manifest} member {r['key']}"
+    return f"{manifest} offset {r['offset']}" if r.get("offset") is not None else manifest
 
 
 def error_line(r: dict[str, Any]) -> str:
     """One failure of `mmenc errors list`, in a line."""
-    where = f"{r.get('manifest')}:{r.get('line') or '@' + str(r.get('offset'))}"
-    return printable(f"{r.get('code')} {r.get('reason')} [{r.get('stage')}/{r.get('modality') or '-'}] "
-                     f"{r.get('id')} {where}: {r.get('message')}")
+    shown = r.get("id") if r.get("id") is not None else "(no id)"
+    return printable(f"{r.get('code')} {r.get('reason')} [{r.get('stage') or '-'}/{r.get('modality') or '-'}] "
+                     f"{shown} {error_place(r)}: {r.get('message')}")
 
 
 def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
@@ -267,15 +340,16 @@ def print_status(r: "StatusReport", rerun_hint: str | None) -> None:
     con = Console()
     table = Table(title=f"{escape(r.out)}: {plural(r.task_count, 'task')}", title_justify="left", box=None,
                   padding=(0, 1), pad_edge=False)
-    for name in ("task", "state", "encoded", "errors", "re-run", "updated"):
-        table.add_column(name, no_wrap=True, justify="right" if name in ("task", "encoded", "errors") else "left")
+    for name in ("task", "state", "done", "encoded", "errors", "re-run", "updated"):
+        table.add_column(name, no_wrap=True, justify="right" if name in ("task", "done", "encoded", "errors") else "left")
     for name in ("host", "note"):
         table.add_column(name, overflow="fold", min_width=6)
     for t in r.tasks:
         state = "crashed" if t.state == "running" and not t.running else t.state
         style = "green" if state == "done" and not t.needs_rerun else ("yellow" if t.running else "red")
         updated = (t.updated or "")[5:19].replace("T", " ")  # MM-DD HH:MM:SS
-        table.add_row(str(t.task), f"[{style}]{state}[/]", str(t.encoded), str(t.errors),
+        done = f"{t.percent:.1f}%" if t.percent is not None and t.state == "running" else ""  # how far it got
+        table.add_row(str(t.task), f"[{style}]{state}[/]", done, str(t.encoded), str(t.errors),
                       "[red]yes[/]" if t.needs_rerun else "", updated, escape(t.host or ""), escape(t.reason or ""))
     con.print(table)
     for problem in r.problems:

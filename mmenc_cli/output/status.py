@@ -55,6 +55,7 @@ class TaskStatus:
     reason: str | None = None
     host: str | None = None
     updated: str | None = None
+    percent: float | None = None  # how far it is, from its record's progress (None: not known)
 
 
 @dataclass
@@ -191,6 +192,7 @@ def _judge(ts: TaskStatus, group: list[tuple[int, float, dict[str, Any]]], od: O
         return
     newest = max(group, key=lambda e: e[1])[2]
     ts.host, ts.updated = newest.get("host"), newest.get("updated")
+    ts.percent = percent(newest.get("progress"))
     states = [m.get("state") or MISSING for _, _, m in group]
     ts.state = DONE if all(s == DONE for s in states) else next(s for s in states if s != DONE)
     held = [lid for lid, _, m in group if m.get("state") == "running" and od.task_running(lid, m)]
@@ -212,6 +214,15 @@ def _judge(ts: TaskStatus, group: list[tuple[int, float, dict[str, Any]]], od: O
         ts.needs_rerun, ts.reason = True, f"ran with task count {sorted(counts)}, not {task_count}"
     elif over:
         ts.needs_rerun, ts.reason = True, f"error threshold exceeded: {over}"
+
+
+def percent(progress: Any) -> float | None:
+    """The percentage of a task record's `progress` ({done, total, unit}); None when it has none."""
+    if not isinstance(progress, dict) or not isinstance(progress.get("total"), int) \
+            or not isinstance(progress.get("done"), int):
+        return None
+    total = progress["total"]
+    return 100.0 if total <= 0 else round(100.0 * min(max(progress["done"], 0), total) / total, 1)
 
 
 def collect_status(out: str | Path, examples: int = 5) -> StatusReport:

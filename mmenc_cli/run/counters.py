@@ -14,11 +14,12 @@ their results to the encode loop, which counts them. `Counters` checks this on e
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import RunConfig
+    from ..readers.slicing import Reading
 
 #: per-stage seconds the summary and the task metadata report
 STAGES = ("load", "read", "decode", "tokenize", "encode", "write")
@@ -54,6 +55,8 @@ class Counters:
     modalities: dict[str, ModalityStats] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     owner: int | None = field(default=None, repr=False, compare=False)
+    #: how far the reader is in the task's slice (`readers.Reading`, moved by the reader on the loop's thread)
+    reading: "Reading | None" = field(default=None, compare=False)
 
     # -- changes: the encode loop's thread only
 
@@ -98,6 +101,7 @@ class Counters:
             self.add_row(name, getattr(other, name))
         for stage, secs in other.seconds.items():
             self.add_seconds(stage, secs)
+        self._merge_reading(other.reading)
         for modality, o in other.modalities.items():
             for name in ("requested", "encoded", "encoded_before", "failed_before", "skipped", "truncated",
                          "not_attempted"):
@@ -105,6 +109,18 @@ class Counters:
             for code, n in o.failed.items():
                 failed = self.mod(modality).failed
                 failed[code] = failed.get(code, 0) + n
+
+    def _merge_reading(self, other: "Reading | None") -> None:
+        """Sum the slices' sizes and positions (tasks of one job); unknown once one is unknown."""
+        mine = self.reading
+        if other is None or (mine is not None and mine.total is None):
+            return
+        if mine is None:
+            self.reading = replace(other)
+        elif other.total is None or other.unit != mine.unit:
+            mine.total = None
+        else:
+            mine.total, mine.done = mine.total + other.total, mine.done + other.done
 
     # -- totals
 
@@ -140,6 +156,20 @@ class Counters:
     def balanced(self) -> bool:
         """items requested + invalid lines == encoded + failed + not attempted."""
         return self.requested + self.invalid + self.invalid_before == self.encoded + self.failed + self.not_attempted
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """How far the task is, `{done, total, unit}`: the part of its slice read, times the share
+        of the items read so far that are settled (encoded, failed, left for a re-run), so that
+        items read but still in flight do not count as done and 100% means all settled. None
+        when the slice's size is not known."""
+        r = self.reading
+        if r is None or r.total is None:
+            return None
+        requested = self.requested
+        settled = self.encoded + self.failed + self.not_attempted - self.invalid - self.invalid_before
+        done = r.done * min(settled, requested) // requested if requested else r.done
+        return {"done": min(done, r.total), "total": r.total, "unit": r.unit}
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy, totals included."""

@@ -132,10 +132,12 @@ def library_versions() -> dict[str, str]:
 
 def task_record(cfg: RunConfig, state: str, counters: Counters, elapsed: float,
                 result: RunResult | None = None, error: str | None = None) -> dict[str, Any]:
-    """The task's record of itself (`tasks/task-NNNNN.json`): state, counts, timings, versions."""
+    """The task's record of itself (`tasks/task-NNNNN.json`): state, counts, progress (`{done,
+    total, unit}` of its slice, `Counters.progress`; None when the size is unknown), timings, versions."""
     return {"task": cfg.task_index, "task_count": cfg.task_count, "state": state, "host": platform.node(),
             "pid": os.getpid(), "updated": timestamp(), "manifests": list(cfg.manifests),
-            "devices": list(cfg.model.devices), "counters": counters.to_dict(), "elapsed": elapsed,
+            "devices": list(cfg.model.devices), "counters": counters.to_dict(), "progress": counters.progress,
+            "elapsed": elapsed,
             "versions": library_versions(), "config": cfg.to_dict(),
             "threshold_exceeded": result.threshold_exceeded if result else None,
             "model_loaded": result.model_loaded if result else None,

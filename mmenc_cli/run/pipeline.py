@@ -28,7 +28,7 @@ from ..idset import HashSet64, id_hash
 from ..media.clips import require_av
 from ..output.history import History
 from ..output.task import TaskOutput, TaskRequest, open_task
-from ..readers import iter_rows, record_has_id
+from ..readers import Reading, iter_rows, record_has_id
 from ..records import InvalidRow, Item, ManifestRow, NotDownloaded
 from ..stopping import Interrupted, interruptible
 from .admission import RunAdmission, check_commit
@@ -44,6 +44,9 @@ log = logging.getLogger("mmenc")
 
 ProgressFn = Callable[[Counters], None]
 EncoderFactory = Callable[..., Encoder]
+
+#: seconds between two snapshots of the running task's record, which each shard commit writes
+RECORD_EVERY = 5.0
 
 
 class EncodeRun:
@@ -70,6 +73,9 @@ class EncodeRun:
         self.stopped_by: str | None = None
         self.context: RunContext | None = None  # what the stages share, once the loop runs
         self.early: EarlyTokens | None = None  # texts tokenized while the model loads
+        self.t_start = time.perf_counter()
+        self.running: dict[str, Any] | None = None  # the running task's record, as the last snapshot took it
+        self.snapped = float("-inf")
 
     # -- setup ----------------------------------------------------------------------------
     @property
@@ -89,7 +95,7 @@ class EncodeRun:
                 self.early.close()
 
     def _run(self) -> RunResult:
-        t_start = time.perf_counter()
+        t_start = self.t_start = time.perf_counter()
         admission = RunAdmission(self.cfg, self.device, self.load_encoder)
         try:
             self.output = open_task(self._task_request(t_start, admission))
@@ -127,7 +133,8 @@ class EncodeRun:
         return TaskRequest(root=cfg.writer.out, task=self.task, worker=self.worker,
                            role="task" if self.primary else "device", overwrite=cfg.overwrite and self.primary,
                            wait_lock=cfg.wait_lock, stop=self.stop, admission=admission,
-                           meta=lambda: task_record(self.cfg, "running", self.counters, time.perf_counter() - t_start),
+                           meta=lambda: self.running or task_record(self.cfg, "running", self.counters,
+                                                                    time.perf_counter() - t_start),
                            storage_options=cfg.writer.store_options, single_writer=cfg.writer.single_writer)
 
     def load_encoder(self) -> Encoder:
@@ -186,6 +193,19 @@ class EncodeRun:
                          forward=self.encoder.forward_summary() if self.encoder is not None else None,
                          batch_size=self.context.batch_size if self.context is not None else None)
 
+    def _report(self, counters: Counters) -> None:
+        """The progress callback of the stages (the loop's thread): the caller's display, and a
+        snapshot of the running task's record, with its progress, that the next shard commit
+        writes (`mmenc status` shows how far a running task is); the writer thread only reads it."""
+        self.progress(counters)
+        if time.monotonic() - self.snapped >= RECORD_EVERY:
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        """The running task's record now (on the loop's thread, the counters' owner)."""
+        self.snapped = time.monotonic()
+        self.running = task_record(self.cfg, "running", self.counters, time.perf_counter() - self.t_start)
+
     def _failed(self) -> None:
         if self.cfg.fail_fast and self.stopped_by is None:
             self.stopped_by = "fail-fast"
@@ -193,7 +213,9 @@ class EncodeRun:
 
     # -- the loop -------------------------------------------------------------------------
     def _rows(self) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
-        it = iter_rows(list(self.cfg.manifests), self.cfg.manifest, self.task, self.cfg.task_count)
+        reading = Reading()  # the reader moves it as it reads: the progress's percentage
+        it = iter_rows(list(self.cfg.manifests), self.cfg.manifest, self.task, self.cfg.task_count, reading)
+        self.counters.reading = reading
         index = 0
         while True:
             t0 = time.perf_counter()
@@ -214,8 +236,9 @@ class EncodeRun:
     def _loop(self, modalities: tuple[str, ...], history: History) -> None:
         seen = HashSet64()
         assert self.output is not None and self.failures is not None
-        self.context = RunContext(self.cfg, self.output, self.counters, self.failures, self.stop, self.progress,
+        self.context = RunContext(self.cfg, self.output, self.counters, self.failures, self.stop, self._report,
                                   self.load_encoder, self.facts, modalities, self.events)
+        self._snapshot()  # before the writer thread may commit a shard and ask for it
         stages = Stages(self.context)
         try:
             for rec in self._rows():

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelLoadError, first_line
+from .hub import check_hub
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -60,6 +61,8 @@ def probe_model(cfg: "ModelConfig") -> ModelProbe:
         source = str(path.resolve())
     elif _looks_like_path(source):
         raise ModelLoadError(f"model directory not found: {source}")
+    else:
+        check_hub(source, cfg.revision)  # an offline node: one clear line, not the hub client's retries
 
     modules_file = fetch_file(source, "modules.json", cfg.revision)
     st_modules = None

@@ -15,6 +15,7 @@ import typer
 from ..config import (DEFAULT_DECODE, DEFAULT_FRAMES, MAX_FPS_FRAMES, BatchConfig, ManifestConfig, MediaConfig,
                       ModelConfig, RunConfig, WriterConfig)
 from ..errors import ConfigError, ExitCode
+from ..run.model_identity import DEMO_MODEL
 from ..stopping import request_stop
 from .exits import fail, fatal_errors
 from .options import DeviceOpt, ModelOpt, OutOpt, SingleWriterOpt, StorageOpt, TaskCountOpt, TaskIndexOpt
@@ -22,9 +23,6 @@ from .options import parse_storage_options
 from .render import Progress, echo_err, setup_logging, summary_lines
 
 log = logging.getLogger("mmenc")
-
-#: the demo model shipped inside the package (random weights), used when no --model is given
-DEMO_MODEL = Path(__file__).resolve().parent.parent / "demo_model"
 
 
 def default_model() -> str:
@@ -91,7 +89,7 @@ class Signals:
         self.signum = signum
         log.warning("received %s: finishing the current batch, committing whole shards, then exiting",
                     signal.Signals(signum).name)
-        request_stop(self.stop)  # inside a model load or a tokenizing stretch: interrupts it at once
+        request_stop(self.stop, signum)  # inside a model load or a tokenizing stretch: interrupts it at once
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():  # once stopping, more signals only cut the exit short: ignored
@@ -182,7 +180,7 @@ def build_config(o: EncodeOptions, check_inputs: bool = True) -> RunConfig:
                             storage_options=parse_storage_options(o.storage_options),
                             single_writer=o.single_writer),
         manifest=ManifestConfig(id_key=o.id_key, image_key=o.image_key, text_key=o.text_key, audio_key=o.audio_key,
-                                video_key=o.video_key, keep=tuple(o.keep or ()), limit=o.limit,
+                                video_key=o.video_key, keep=keep_fields(o.keep), limit=o.limit,
                                 csv_multiline=o.csv_multiline, max_row_bytes=o.max_row_bytes),
         media=MediaConfig(max_image_pixels=o.max_image_pixels, max_file_bytes=o.max_file_bytes,
                           max_audio_bytes=o.max_audio_bytes, max_video_bytes=o.max_video_bytes,
@@ -213,6 +211,11 @@ def finish(result: Any, signum: int | None, json_out: bool, verbose: bool) -> No
         raise typer.Exit(int(code))
 
 
+def keep_fields(given: list[str] | None) -> tuple[str, ...]:
+    """`--keep a,b --keep c` as the fields a, b and c (blank parts dropped)."""
+    return tuple(part.strip() for value in given or () for part in value.split(",") if part.strip())
+
+
 def encode(
     manifests: Annotated[List[str], typer.Argument(help="Manifests (JSONL, CSV, Parquet, Arrow), WebDataset tars, "
                                                         "folders; globs and brace ranges; fsspec URLs.",
@@ -220,13 +223,13 @@ def encode(
     out: OutOpt,
     model: ModelOpt = None,
     revision: Annotated[Optional[str], typer.Option(help="Model revision (hub branch, tag or commit).")] = ModelConfig.revision,
-    modality: Annotated[Optional[str], typer.Option(help="A comma list of image, text, audio, video (default: all the model supports).")] = None,
+    modality: Annotated[Optional[str], typer.Option(help="A comma list of image, text, audio, video (default: every one the model has a tower for; video only when asked).")] = None,
     id_key: Annotated[Optional[str], typer.Option(help="Key of the id [default: per input: id; a tar sample's key; a folder's relative path].", show_default=False)] = ManifestConfig.id_key,
     image_key: Annotated[Optional[str], typer.Option(help="Key of the image [default: per input: image; a tar's jpg, jpeg, png or webp].", show_default=False)] = ManifestConfig.image_key,
     text_key: Annotated[Optional[str], typer.Option(help="Key of the text [default: per input: text; a tar's txt; a folder's .txt].", show_default=False)] = ManifestConfig.text_key,
     audio_key: Annotated[Optional[str], typer.Option(help="Key of the audio clip [default: per input: audio; a tar's flac, wav, mp3, opus, ogg or m4a].", show_default=False)] = ManifestConfig.audio_key,
     video_key: Annotated[Optional[str], typer.Option(help="Key of the video clip [default: per input: video; a tar's mp4, webm, mkv or mov].", show_default=False)] = ManifestConfig.video_key,
-    keep: Annotated[Optional[List[str]], typer.Option(help="Copy this manifest field onto every output row (repeatable).")] = None,
+    keep: Annotated[Optional[List[str]], typer.Option(help="Copy these manifest fields onto every output row (a comma list, or repeated).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Encode only the first N rows (of this task's slice).")] = ManifestConfig.limit,
     csv_multiline: Annotated[bool, typer.Option("--csv-multiline", help="CSV quoted fields span lines: split tasks by parsing from the top (exact, slower).")] = ManifestConfig.csv_multiline,
     text_prefix: Annotated[str, typer.Option(help='Prepended to every text, e.g. "query: ".')] = ModelConfig.text_prefix,
@@ -296,8 +299,7 @@ def encode(
     setup_logging(verbose)
     with fatal_errors():
         if model is None:
-            model = default_model()
-            log.warning("no --model: using the bundled DEMO model %s (random weights, meaningless embeddings)", model)
+            model = default_model()  # the run says so when it loads it
         cfg = build_config(EncodeOptions(**locals()))  # the parameters, and nothing else yet
     stop = threading.Event()
     try:

@@ -86,6 +86,9 @@ def summary_lines(result: "RunResult", verbose: bool = False) -> list[str]:
                  (failed_items, f"{plural(failed_items, 'item')} failed"),
                  (c.invalid, plural(c.invalid, "invalid row")),
                  (c.not_downloaded, f"{c.not_downloaded} not downloaded"), *lacking) or "nothing to do"
+    if result.state == "interrupted" and not c.rows:
+        return [f"mmenc: interrupted while starting (before the first row; the model may have been loading) -> "
+                f"{result.out} in {result.elapsed:.1f} s: nothing encoded; run the same command again to start"]
     lines = [f"mmenc: {done}{plural(c.rows, 'row')} -> {result.out} in {result.elapsed:.1f} s: {head}"]
     for name, m in sorted(c.modalities.items()):
         if not _held(m):

@@ -22,6 +22,7 @@ from ..config import RunConfig
 from ..errors import RunError
 from ..lifeline import inherit
 from ..output.task import TaskRequest, open_task
+from ..readers import preflight
 from .counters import Counters, RunResult, threshold_exceeded
 from .metadata import task_record
 
@@ -53,6 +54,7 @@ def run_devices(cfg: RunConfig, run_cls: Any, progress: Callable[[Counters], Non
                 stop: threading.Event) -> RunResult:
     """Run `run_cls` (an `EncodeRun`) in one process per device, under the task's lock held here."""
     t_start = time.perf_counter()
+    preflight(cfg.manifests, cfg.manifest)  # the inputs, before anything is written (each worker looks again)
     output = open_task(TaskRequest(root=cfg.writer.out, task=cfg.task_index, role="devices", overwrite=cfg.overwrite,
                                    wait_lock=cfg.wait_lock, meta=lambda: task_record(cfg, "running", Counters(), 0.0),
                                    storage_options=cfg.writer.store_options, single_writer=cfg.writer.single_writer))

@@ -28,6 +28,14 @@ WHOLE = 4 << 20  # files up to this size are hashed whole
 BLOCK = 64 << 10
 BLOCKS = 32
 PREFIX = "c2:"  # marks a content stamp; an earlier output's stamp has none
+#: the model shipped with mmenc (random weights), used when no --model is given
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "demo_model"
+
+
+def is_demo(model: str) -> bool:
+    """Whether `--model` names the bundled demo model."""
+    path = model_path(model)
+    return path is not None and path.resolve() == DEMO_MODEL
 
 
 def _model_files(root: Path) -> list[tuple[str, Path]]:

@@ -23,12 +23,13 @@ from typing import Any, Callable, Iterator
 from ..config import RunConfig
 from ..encoders.base import Encoder
 from .early_tokens import EarlyTokens
-from ..errors import DeviceError, LockBusy, LockWaitInterrupted, MMError, OutputError
+from ..errors import DeviceError, LockBusy, LockWaitInterrupted, MMError, OutputError, RunError
 from ..idset import HashSet64, id_hash
 from ..media.clips import require_av
 from ..output.history import History
 from ..output.task import TaskOutput, TaskRequest, open_task
-from ..readers import Reading, iter_rows, record_has_id
+from ..readers import Reading, iter_rows, preflight, record_has_id
+from ..readers.registry import Source
 from ..records import InvalidRow, Item, ManifestRow, NotDownloaded
 from ..stopping import Interrupted, interruptible
 from .admission import RunAdmission, check_commit
@@ -38,6 +39,7 @@ from .devices import run_devices
 from .failures import FailureSink
 from .media_feed import released
 from .metadata import task_record
+from .model_identity import is_demo
 from .stages import Stages
 
 log = logging.getLogger("mmenc")
@@ -73,6 +75,7 @@ class EncodeRun:
         self.stopped_by: str | None = None
         self.context: RunContext | None = None  # what the stages share, once the loop runs
         self.early: EarlyTokens | None = None  # texts tokenized while the model loads
+        self.sources: list[Source] | None = None  # the inputs, planned and checked before the task opens
         self.t_start = time.perf_counter()
         self.running: dict[str, Any] | None = None  # the running task's record, as the last snapshot took it
         self.snapped = float("-inf")
@@ -96,6 +99,8 @@ class EncodeRun:
 
     def _run(self) -> RunResult:
         t_start = self.t_start = time.perf_counter()
+        # inputs checked before anything is written or a model loaded for nothing (exit 3)
+        self.sources = preflight(self.cfg.manifests, self.cfg.manifest)
         admission = RunAdmission(self.cfg, self.device, self.load_encoder)
         try:
             self.output = open_task(self._task_request(t_start, admission))
@@ -113,8 +118,11 @@ class EncodeRun:
         except LockBusy:  # another runner of this task committed first: it owns the task's record and rows
             self.output.close(None, best_effort=True, lost=True)
             raise
-        except (OutputError, DeviceError) as exc:  # a fault of the output (exit 3) or device (1) ends the run
-            self._finish("failed", t_start, error=str(exc))
+        except RunError as exc:  # a fault of the output (exit 3), the device (1), the inputs or the model
+            if self.counters.rows == 0:  # before its first row: the run leaves nothing (`TaskOutput.close`)
+                self.output.close(None, best_effort=True, refused=True)
+            else:
+                self._finish("failed", t_start, error=str(exc))
             raise
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, and still say so
             self._finish("interrupted", t_start)
@@ -149,6 +157,9 @@ class EncodeRun:
             from ..encoders import load_encoder as factory
 
             hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron and Slurm logs
+        if is_demo(self.cfg.model.model):
+            log.warning("no --model: using the bundled DEMO model %s (random weights, meaningless embeddings)",
+                        self.cfg.model.model)
         with interruptible(self.stop):
             self.encoder = factory(self.cfg.model, device=self.device)
         if self.early is not None and not self.encoder.use_early_tokens(self.early):
@@ -214,7 +225,8 @@ class EncodeRun:
     # -- the loop -------------------------------------------------------------------------
     def _rows(self) -> Iterator[ManifestRow | InvalidRow | NotDownloaded]:
         reading = Reading()  # the reader moves it as it reads: the progress's percentage
-        it = iter_rows(list(self.cfg.manifests), self.cfg.manifest, self.task, self.cfg.task_count, reading)
+        it = iter_rows(list(self.cfg.manifests), self.cfg.manifest, self.task, self.cfg.task_count, reading,
+                       sources=self.sources)
         self.counters.reading = reading
         index = 0
         while True:

@@ -21,13 +21,25 @@ from typing import Iterator
 import typer
 
 from ..errors import ExitCode, RunError, printable
+from ..stopping import cut_short, stop_exit_code
 
 __all__ = ["ExitCode", "exit_code_for", "fail", "fatal_errors"]
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """The exit code of a run-level exception: its own for a `RunError`, else internal (1)."""
+    """The exit code of a run-level exception: its own for a `RunError`, else internal (1); the
+    signal's (130/143) when a stop request cut a wait on the store short, whatever ended the run."""
+    if cut_short():
+        return stop_exit_code()
     return int(exc.exit_code) if isinstance(exc, RunError) else int(ExitCode.INTERNAL)
+
+
+def _store_fault(exc: BaseException) -> BaseException:
+    """A store client's own error (wrong credentials, an endpoint that cannot be reached) as the
+    output fault it is (exit 3); anything else as it is."""
+    from ..output.objectstore import store_fault
+
+    return store_fault(exc) or exc
 
 
 def fail(message: str, code: int) -> typer.Exit:
@@ -46,7 +58,10 @@ def fatal_errors() -> Iterator[None]:
     except Exception as exc:
         if os.environ.get("MMENC_DEBUG") == "1":
             raise
+        exc = _store_fault(exc)
         code = exit_code_for(exc)
+        if cut_short():
+            raise fail(f"stopped while waiting for the store: {exc}", code) from None
         if code == ExitCode.INTERNAL:
             raise fail(f"internal error: {type(exc).__name__}: {exc} (MMENC_DEBUG=1 shows the traceback)",
                        code) from None

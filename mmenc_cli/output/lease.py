@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Callable
 
 from ..errors import LockBusy, LockWaitInterrupted
+from ..stopping import bounded, join
 from .fs import read_json
 
 HEARTBEAT_S = 60.0
@@ -67,7 +68,7 @@ class Lease:
         """LockBusy when a live run holds the task (with `wait`: wait until it ends or goes stale;
         LockWaitInterrupted when `stop` is set meanwhile)."""
         while True:
-            record = read_json(self.record_path)
+            record = bounded(lambda: read_json(self.record_path), f"reading {self.record_path}")
             self.previous = record if isinstance(record, dict) else None
             if not alive(record) or record.get("runner") == self.runner:
                 return
@@ -99,8 +100,9 @@ class Lease:
         self._thread.start()
 
     def release(self) -> None:
-        """Stop the heartbeat (the final record is written by the task's close)."""
+        """Stop the heartbeat (the final record is written by the task's close). A beat that a
+        store keeps waiting is left behind once a stop request's grace is over."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            join(self._thread)
             self._thread = None

@@ -7,20 +7,25 @@ name is free, with the store's exclusive create (fsspec's `xb` mode: S3 `If-None
 generation 0, Azure no-overwrite), so a name is a commit that two runners cannot both make.
 Whether a store really refuses the second create is probed at a task's start (`probe`).
 
-Retries of throttling and 5xx answers are the store client's own (botocore retries S3's 503
-SlowDown with backoff); what still fails is an `OSError`, a fault of the output.
+Every call is bounded: `client_options` gives each store's client a connect and a read timeout
+and a bounded number of retries (throttling and 5xx answers retried with backoff), so a store that
+accepts connections and never answers fails a call within about two minutes; what still fails is
+an `OSError`, a fault of the output, naming the endpoint. A stop request ends a wait on the store
+within seconds (`stopping.bounded`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import OutputError
+from ..errors import ConfigError, OutputError
+from ..stopping import bounded
 
 #: the fsspec package each store needs, for the message when it is missing
 PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
@@ -46,23 +51,128 @@ def open_root(url: str, options: dict[str, str] | None = None) -> Any:
         OPENED.append(scheme)
         # no listing cache: another runner's objects appear between two calls, and a cached
         # listing would hide them (a read of run.json right after losing the race to create it)
-        return UPath(url.rstrip("/"), **{"use_listings_cache": False, **(options or {})})
+        return UPath(url.rstrip("/"), **{"use_listings_cache": False, **client_options(scheme, options)})
     except (ImportError, ValueError) as exc:
         package = PACKAGES.get(scheme, f"the fsspec backend for {scheme}://")
         raise OutputError(f"--out {url}: no filesystem for {scheme}:// here ({exc}); install {package} "
                           f"(pip install {package})") from None
 
 
+#: what bounds a store call (each overridden by its environment variable): with s3fs's own five
+#: tries of a call, a store that never answers fails it after about 5 x 2 x 12 s, two minutes
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ATTEMPTS = 10.0, 12.0, 2
+BOUNDS_ENV = ("MMENC_STORE_CONNECT_TIMEOUT", "MMENC_STORE_READ_TIMEOUT", "MMENC_STORE_ATTEMPTS")
+_S3 = ("s3", "s3a")
+_AZURE = ("az", "abfs", "abfss")
+
+
+def bounds() -> tuple[float, float, int]:
+    """(connect timeout s, read timeout s, attempts by the client) for store calls: the defaults,
+    or the environment's `BOUNDS_ENV` (ConfigError for a value that is not a positive number)."""
+    values: list[float] = []
+    for name, default in zip(BOUNDS_ENV, (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ATTEMPTS)):
+        text = os.environ.get(name, "").strip()
+        try:
+            value = float(text) if text else float(default)
+        except ValueError:
+            value = 0.0
+        if value <= 0:
+            raise ConfigError(f"{name}={text!r} is not a positive number")
+        values.append(value)
+    return values[0], values[1], max(1, int(values[2]))
+
+
+def client_options(scheme: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The fsspec options of a store's client for `scheme`: a connect and a read timeout and a
+    bounded number of attempts where its client takes them (s3fs: botocore's config, in "standard"
+    retry mode; adlfs: its two timeouts; gcsfs: none, its own apply), under `options` (the user's
+    `--storage-option`s win, key by key inside a dict such as `config_kwargs`)."""
+    connect, read, attempts = bounds()
+    scheme = scheme.lower()
+    ours: dict[str, Any] = {}
+    if scheme in _S3:
+        ours = {"config_kwargs": {"connect_timeout": connect, "read_timeout": read,
+                                  "retries": {"total_max_attempts": attempts, "mode": "standard"}}}
+    elif scheme in _AZURE:
+        ours = {"connection_timeout": max(1, round(connect)), "read_timeout": max(1, round(read))}
+    return _merged(ours, dict(options or {}))
+
+
+def _merged(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    out = dict(ours)
+    for key, value in theirs.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def endpoint(scheme: str, options: dict[str, Any] | None = None, fs: Any = None) -> str:
+    """The endpoint a store's calls go to, for messages: the options' `endpoint_url` (or the
+    client's), else `AWS_ENDPOINT_URL` for S3, else the store's own."""
+    opts = options or {}
+    given = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+    given = given or getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
+    if scheme.lower() in _S3:
+        given = given or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return str(given or f"the {scheme}:// store's own endpoint")
+
+
+def client_message(exc: BaseException, where: str | None = None) -> str:
+    """One line for a store client's error: its own reason; for a store that could not be reached
+    or did not answer, `where` (the endpoint) named first."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    name = type(exc).__name__
+    if where and any(word in name for word in ("Timeout", "EndpointConnection", "Connect", "Connection")):
+        return f"the store at {where} did not answer ({name}: {text})"
+    return text if isinstance(exc, OSError) else f"{name}: {text}"
+
+
+_CLIENT_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "azure", "google", "aiohttp", "fsspec",
+                   "upath")
+
+
+def store_fault(exc: BaseException) -> OutputError | None:
+    """A store client's error (or an OSError raised inside a store client) as the output fault it
+    is (exit 3, the store's own reason in one line); None for anything else."""
+    if isinstance(exc, OutputError):
+        return None
+    module = type(exc).__module__.split(".", 1)[0]
+    tb, inside = exc.__traceback__, module in _CLIENT_MODULES
+    while tb is not None and not inside:
+        inside = tb.tb_frame.f_globals.get("__name__", "").split(".", 1)[0] in _CLIENT_MODULES
+        tb = tb.tb_next
+    if not inside:
+        return None
+    where = endpoint("s3") if "boto" in module or "s3" in module else None
+    return OutputError(f"object store: {client_message(exc, where)}")
+
+
+def _drop_expect(params: dict[str, Any], **_: Any) -> None:
+    params.get("headers", {}).pop("Expect", None)
+
+
+def _without_expect(fs: Any) -> None:
+    """Writes to S3 without `Expect: 100-continue` (botocore adds it to every PUT): aiohttp waits
+    for the interim answer with no timeout, so a store that never answers would hold a write for
+    ever whatever the read timeout; the body is sent at once instead."""
+    protocol = getattr(fs, "protocol", ())
+    if "s3" not in (protocol if isinstance(protocol, (tuple, list)) else (protocol,)) or not hasattr(fs, "connect"):
+        return
+    fs.connect()  # the client, made now (no request): its handlers, and its session's for later clients
+    for events in (fs.s3.meta.events, fs.session):
+        events.register("before-call.s3", _drop_expect, unique_id="mmenc-no-expect")
+
+
 @contextlib.contextmanager
-def client_errors() -> Iterator[None]:
+def client_errors(where: str | None = None) -> Iterator[None]:
     """The store client's own errors (botocore's missing credentials, an endpoint that cannot be
-    reached: not OSErrors) as the OSError of an output fault."""
+    reached: not OSErrors) as the OSError of an output fault, naming `where` (the endpoint) when
+    the store did not answer."""
     try:
         yield
-    except OSError:
-        raise
-    except Exception as exc:  # the client's exception classes vary by store
-        raise OSError(f"{type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # the client's exception classes vary by store (botocore's timeouts are OSErrors)
+        if isinstance(exc, OSError) and type(exc).__module__.split(".", 1)[0] not in _CLIENT_MODULES:
+            raise
+        raise OSError(client_message(exc, where)) from exc
 
 
 class StoreFS:
@@ -72,9 +182,17 @@ class StoreFS:
     appends = False
     url = True
 
-    def __init__(self, fs: Any) -> None:
+    def __init__(self, fs: Any, where: str | None = None) -> None:
         self.fs = fs
+        protocol = getattr(fs, "protocol", "")
+        self.where = where or endpoint(protocol if isinstance(protocol, str) else protocol[0], None, fs)
         self.staging = Path(tempfile.mkdtemp(prefix="mmenc-stage-"))
+        _without_expect(fs)
+
+    def _call(self, fn: Any, what: str) -> Any:
+        """`fn()`, a call into the store: its errors as OSErrors, its wait bounded by a stop request."""
+        with client_errors(self.where):
+            return bounded(fn, what)
 
     @property
     def _one_get(self) -> dict[str, int]:
@@ -106,8 +224,7 @@ class StoreFS:
         """Write the object at `path` (overwriting), whole or not at all."""
         local = self.stage(tmp or path, content)
         try:
-            with client_errors():
-                self.fs.put_file(str(local), self._key(path))
+            self._call(lambda: self.fs.put_file(str(local), self._key(path)), f"writing {self._key(path)}")
         finally:
             local.unlink(missing_ok=True)
         return path
@@ -116,13 +233,16 @@ class StoreFS:
         """Write the object at `path` only if the name is free; True when this call created it."""
         local = self.stage(path, content)
         try:
-            with client_errors(), open(local, "rb") as src, self.fs.open(self._key(path), "xb") as dst:
-                shutil.copyfileobj(src, dst, 8 << 20)
+            self._call(lambda: self._create(local, self._key(path)), f"creating {self._key(path)}")
             return True
         except FileExistsError:
             return False
         finally:
             local.unlink(missing_ok=True)
+
+    def _create(self, local: Path, key: str) -> None:
+        with open(local, "rb") as src, self.fs.open(key, "xb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
 
     def append(self, path: Any, data: bytes, sync: bool = True) -> None:
         raise OSError(f"{path}: an object store appends nothing")  # callers write parts instead
@@ -130,41 +250,40 @@ class StoreFS:
     def listdir(self, folder: Any) -> list[tuple[str, int, bool]]:
         """(name, size, is_dir) of each object or prefix right under `folder`."""
         try:
-            with client_errors():
-                entries = self.fs.ls(self._key(folder), detail=True, refresh=True)
+            key = self._key(folder)
+            entries = self._call(lambda: self.fs.ls(key, detail=True, refresh=True), f"listing {key}")
         except FileNotFoundError:
             return []
         return [(e["name"].rstrip("/").rsplit("/", 1)[-1], int(e.get("size") or 0), e.get("type") == "directory")
                 for e in entries]
 
     def remove(self, path: Any) -> None:
-        with contextlib.suppress(FileNotFoundError), client_errors():
-            self.fs.rm_file(self._key(path))
+        with contextlib.suppress(FileNotFoundError):
+            self._call(lambda: self.fs.rm_file(self._key(path)), f"removing {self._key(path)}")
 
     def remove_tree(self, folder: Any) -> None:
-        with contextlib.suppress(FileNotFoundError), client_errors():
-            self.fs.rm(self._key(folder), recursive=True)
+        with contextlib.suppress(FileNotFoundError):
+            self._call(lambda: self.fs.rm(self._key(folder), recursive=True), f"removing {self._key(folder)}")
 
     def read_many(self, paths: list[Any], batch: int = 256) -> Iterator[bytes | None]:
         """Each object's bytes (None when missing), in order: fetched `batch` at a time, concurrently
         (one GET each; a resume over thousands of key files waits for few round trips)."""
         for start in range(0, len(paths), batch):
             keys = [self._key(p) for p in paths[start:start + batch]]
-            with client_errors():
-                got = self.fs.cat(keys, on_error="omit", **self._one_get) if keys else {}
+            got = self._call(lambda: self.fs.cat(keys, on_error="omit", **self._one_get), f"reading {keys[0]}, ...") \
+                if keys else {}
             for key in keys:
                 yield got.get(key)
 
     def reader(self, path: Any) -> Any:
         """What pyarrow reads an object through: a seekable file (ranges fetched as needed)."""
-        return self.fs.open(self._key(path), "rb")
+        return self._call(lambda: self.fs.open(self._key(path), "rb"), f"opening {self._key(path)}")
 
     @contextlib.contextmanager
     def local_copy(self, path: Any) -> Iterator[Path]:
         """The object downloaded to a local temp file (what safetensors opens), removed after."""
         local = self.staging / f"{uuid.uuid4().hex}-{Path(self._key(path)).name}"
-        with client_errors():
-            self.fs.get_file(self._key(path), str(local))
+        self._call(lambda: self.fs.get_file(self._key(path), str(local)), f"reading {self._key(path)}")
         try:
             yield local
         finally:
@@ -187,9 +306,11 @@ class StoreFS:
         bucket, _, key = self._key(folder).partition("/")
         start = f"{key}/{prefix}" if key else prefix
         try:
-            uploads = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=start).get("Uploads", [])
+            uploads = self._call(lambda: self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=start),
+                                 f"listing the uploads under {bucket}/{start}").get("Uploads", [])
             for up in uploads:
-                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+                self._call(lambda: self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"],
+                                                   UploadId=up["UploadId"]), f"aborting an upload of {up['Key']}")
         except (OSError, KeyError):  # best effort: a lifecycle rule clears what is left
             return 0
         return len(uploads)
@@ -208,4 +329,4 @@ def local_root(root: str) -> str:
     return root[7:] if root.lower().startswith("file://") else root
 
 
-__all__ = ["StoreFS", "is_store", "local_root", "open_root"]
+__all__ = ["StoreFS", "bounds", "client_options", "endpoint", "is_store", "local_root", "open_root", "store_fault"]

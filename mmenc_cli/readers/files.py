@@ -48,7 +48,10 @@ def _fs(url: str) -> tuple[Any, str]:
     except ImportError:  # pragma: no cover - fsspec comes with huggingface_hub
         raise ManifestError(f"{url}: reading URLs needs the fsspec package (pip install fsspec)") from None
     try:
-        return fsspec.core.url_to_fs(url)
+        from ..output.objectstore import client_options
+
+        # bounded timeouts and retries: an input in a store that never answers fails, never hangs
+        return fsspec.core.url_to_fs(url, **client_options(url.split("://", 1)[0]))
     except (ImportError, ValueError) as exc:  # no backend for the protocol, or it is not installed
         raise _no_backend(url, exc) from None
 

@@ -11,7 +11,8 @@ row's ``offset`` is the exact byte offset of its first byte (the uncompressed of
 Parquet is read by row group with `iter_batches` and only the columns a row needs, and its
 ``offset`` is the row index in the file. ``line`` is the 1-based physical line where a record
 starts (None for Parquet). A UTF-8 BOM at the start of a text manifest is ignored; CRLF is fine.
-In CSV/TSV an empty cell is null (CSV has no other way to write one).
+In CSV/TSV an empty cell is null (CSV has no other way to write one), but in the text column an
+empty text, as `""` is in JSONL and Parquet (422 `text.empty` when encoded).
 
 A row that cannot be used becomes an `InvalidRow` carrying an `MMError` (``manifest.*`` reasons),
 and so does a damaged part of a Parquet or Arrow file (`batches.py`); only run-level problems raise

@@ -180,11 +180,12 @@ def csv_parse(reader: Any, feed: LineFeed,
 
 
 def csv_record(header: list[str], fields: list[str] | None, error: MMError | None,
-               feed: LineFeed) -> tuple[dict[str, Any] | None, MMError | None]:
-    """A CSV record as a dict (an empty cell is null), or why it is not a row."""
+               feed: LineFeed, text: str | None = None) -> tuple[dict[str, Any] | None, MMError | None]:
+    """A CSV record as a dict (an empty cell is null, but in the `text` column an empty text, as
+    `""` is in JSONL or Parquet: 422 text.empty), or why it is not a row."""
     if error is not None:
         return None, error
-    record = {name: value or None for name, value in zip(header, fields or ())}
+    record = {name: value if value or name == text else None for name, value in zip(header, fields or ())}
     if feed.bad_utf8:
         return record, MMError("the CSV record is not valid UTF-8", stage="read",
                                reason="manifest.invalid_row", error="UnicodeDecodeError")
@@ -216,7 +217,7 @@ def csv_records(src: Source, keys: Keys, cfg: ManifestConfig, span: tuple[int, i
                     f"{src.path}: the CSV record at {where} has a quoted field spanning lines, so "
                     "this file cannot be split between tasks by byte ranges: enable csv_multiline "
                     "(--csv-multiline), run one task, or convert the manifest to JSONL/Parquet")
-            record, error = csv_record(header, fields, error, feed)
+            record, error = csv_record(header, fields, error, feed, keys.text)
             yield line, start, record, error
 
 

@@ -49,9 +49,25 @@ def main() -> None:
         rows.append(row)
     for j in range(6):
         rows.append({"id": f"sample-{len(FORMATS) + j:02d}", "text": TEXTS[(j * 5 + 1) % len(TEXTS)], "source": "text"})
+    rows += failing_rows()
     with open(HERE / "manifest.jsonl", "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
+
+
+def failing_rows() -> list[dict[str, str]]:
+    """Three rows that fail, so `mmenc errors` shows something on the first try: a missing file (its
+    text still encodes), a JPEG cut short, an empty text."""
+    import io
+
+    buf = io.BytesIO()
+    picture((160, 120), 99).save(buf, format="JPEG")
+    (HERE / "images" / "broken.jpg").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    n = len(FORMATS) + 6
+    return [{"id": f"sample-{n:02d}", "image": "images/missing.jpg", "source": "missing",
+             "text": "a photo that is not there"},
+            {"id": f"sample-{n + 1:02d}", "image": "images/broken.jpg", "source": "broken"},
+            {"id": f"sample-{n + 2:02d}", "text": "", "source": "empty"}]
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ from mmenc_cli.errors import (REASONS, ConfigError, ExitCode, LockBusy, Manifest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_table_lists_every_reason_with_its_code() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_table_lists_every_reason_with_its_code() -> None:
+    text = (ROOT / "docs" / "errors-and-resume.md").read_text()
     rows = dict((r, int(c)) for c, r in re.findall(r"^\| (\d{3}) \| `([a-z0-9_.]+)` \|", text, re.M))
     assert rows == {k: v[0] for k, v in REASONS.items()}
 

@@ -44,5 +44,5 @@ def test_the_wheel_installs_and_encodes_the_samples_offline_from_any_folder(tmp_
     assert res.returncode == 0, res.stderr
     assert "bundled DEMO model" in res.stderr and str(venv) in res.stderr
     doc = json.loads(res.stdout)
-    assert doc["counters"]["encoded"] == 27 and doc["counters"]["balanced"] and doc["exit_code"] == 0
+    assert doc["counters"]["encoded"] == 28 and doc["counters"]["balanced"] and doc["exit_code"] == 0
     assert list((elsewhere / "out").glob("part-*.parquet"))

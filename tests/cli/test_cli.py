@@ -29,18 +29,23 @@ def test_samples_end_to_end_with_default_demo_model(tmp_path: Path) -> None:
     lines = res.stderr.splitlines()
     assert re.fullmatch(r"\d\d:\d\d:\d\d mmenc WARNING: no --model: using the bundled DEMO model .*demo_model "
                         r"\(random weights, meaningless embeddings\)", lines[0]), lines
-    assert re.fullmatch(rf"mmenc: 20 rows -> {re.escape(str(out))} in \d+\.\d s: 27 items encoded, "
-                        r"6 rows have no image, 7 rows have no text",
+    assert re.fullmatch(rf"mmenc: 23 rows -> {re.escape(str(out))} in \d+\.\d s: 28 items encoded, "
+                        r"3 items failed, 7 rows have no image, 8 rows have no text",
                         lines[1]), lines
-    assert lines[2:] == ["  image  14 encoded", "  text   13 encoded"] and res.stdout == ""
+    assert lines[2:] == ["  image  14 encoded, 2 failed", "  text   14 encoded, 1 failed", "  400 bad input: 1",
+                         "  404 not found: 1", "  422 unusable input: 1", f"  see: mmenc errors summary {out}"]
+    assert res.stdout == ""
     ids, mat = read_embeddings(out, "image")
     assert len(ids) == 14 and mat.shape[1] > 0
     ids, mat = read_embeddings(out, "text")
-    assert len(ids) == 13
+    assert len(ids) == 14
+    res = run("errors", "list", out, "--json")  # the samples' three failures, on the first try
+    assert sorted((json.loads(line)["id"], json.loads(line)["reason"]) for line in res.stdout.splitlines()) == \
+        [("sample-20", "media.not_found"), ("sample-21", "media.unreadable"), ("sample-22", "text.empty")]
     res = run("inspect", out, "--json")
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
-    assert report["embeddings"] == 27 and report["by_modality"] == {"image": 14, "text": 13}
+    assert report["embeddings"] == 28 and report["by_modality"] == {"image": 14, "text": 14}
     assert report["dim"] == mat.shape[1] and "demo_model" in report["model"] and report["shards"]
     meta = json.loads((out / "_mmenc" / "tasks" / "task-00000.json").read_text())
     assert meta["versions"]["torch"] and meta["counters"]["balanced"] and meta["state"] == "done"

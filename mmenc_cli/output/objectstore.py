@@ -257,6 +257,10 @@ class StoreFS:
         return [(e["name"].rstrip("/").rsplit("/", 1)[-1], int(e.get("size") or 0), e.get("type") == "directory")
                 for e in entries]
 
+    def size(self, path: Any) -> int:
+        """An object's size in bytes."""
+        return int(self._call(lambda: self.fs.size(self._key(path)), f"reading the size of {self._key(path)}"))
+
     def remove(self, path: Any) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._call(lambda: self.fs.rm_file(self._key(path)), f"removing {self._key(path)}")

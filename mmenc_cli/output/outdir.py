@@ -258,8 +258,8 @@ class OutDir:
         return max(seqs) + 1 if seqs else 0
 
     def size_of(self, path: Any) -> int:
-        """A file's size in bytes."""
-        return int(path.stat().st_size)
+        """A file's size in bytes (in a store, a call a stop request may cut short)."""
+        return self.fs.size(path) if self.in_store else int(path.stat().st_size)
 
     def busy_tasks(self, own: int) -> list[int]:
         """The other tasks a live run holds (an flock locally; a fresh heartbeat in a store)."""

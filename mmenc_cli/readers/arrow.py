@@ -23,6 +23,9 @@ from .missing import MISSING
 from .registry import SPREAD, Format, Part, Planned, Source, register
 from .validate import Keys, check_columns
 
+#: path -> the byte its reader has reached, while it is read: where a task is in the file (progress)
+_AT: dict[str, int] = {}
+
 
 def data_files(folder: str) -> list[tuple[str, str]] | None:
     """The Arrow files of a `save_to_disk` folder, in order, each with the JSON file that lists it
@@ -97,6 +100,7 @@ def arrow_records(path: str, keys: Keys, pick: tuple[int, int] | None) -> Iterat
     try:
         with files.open_binary(path) as fh:
             for batch in _batches(fh):
+                _AT[path] = fh.tell()
                 if b == 0:
                     check_columns(batch.schema.names, path, keys)
                 if pick is None or b % pick[1] == pick[0]:
@@ -109,6 +113,8 @@ def arrow_records(path: str, keys: Keys, pick: tuple[int, int] | None) -> Iterat
     except read_errors() as exc:  # reported by the task the unreadable batch belongs to
         if pick is None or b % pick[1] == pick[0]:
             yield None, row, None, lost_rows(path, row, None, exc)
+    finally:
+        _AT.pop(path, None)
 
 
 def arrow_record(path: str, offset: int) -> dict[str, Any]:
@@ -132,6 +138,14 @@ class Arrow(Format):
         """The rows of the task's record batches."""
         return arrow_records(src.path, self.keys(cfg), part.pick)
 
+    def spread_room(self, src: Source) -> int | None:
+        """The file's size: every task reads past every batch, converting only its own."""
+        return src.length or None
+
+    def position(self, src: Source, offset: int) -> int | None:
+        """The byte the file's reader has reached (the end of the row's batch)."""
+        return _AT.get(src.path)
+
     def record(self, path: str, offset: int, limit: int,
                key: str | None) -> tuple[dict[str, Any] | None, MMError | None]:
         """Row `offset`, all its columns."""
@@ -149,7 +163,8 @@ class SavedDataset(Arrow):
         listed = data_files(folder)
         if listed is None:
             return None
-        return [(self, p, 0, None) if files.info(p).exists else (MISSING, p, 0, by) for p, by in listed]
+        found = [(p, by, files.info(p)) for p, by in listed]  # the size, for progress: a spread source takes no room
+        return [(self, p, got.size, None) if got.exists else (MISSING, p, 0, by) for p, by, got in found]
 
 
 ARROW = register(Arrow())

@@ -23,7 +23,7 @@ def plan(inputs: Sequence[str]) -> list[Source]:
         for path, from_pattern in files.expand(given):
             for fmt, source, size, meta in _sources(given, path, from_pattern):
                 start = sources[-1].start + sources[-1].size if sources else 0
-                sources.append(Source(source, fmt, start, 0 if fmt.slicing == SPREAD else size, meta))
+                sources.append(Source(source, fmt, start, 0 if fmt.slicing == SPREAD else size, meta, size))
     return sources
 
 

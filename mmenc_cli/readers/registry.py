@@ -50,6 +50,7 @@ class Source:
     start: int
     size: int  # bytes it occupies in the virtual space (0 for SPREAD formats)
     meta: str | None = None
+    length: int = 0  # its own size in bytes, a spread source's too (progress)
 
 
 #: (format, path, size in bytes, metadata file) of one source an input stands for
@@ -98,6 +99,11 @@ class Format:
     def records(self, src: Source, cfg: ManifestConfig, part: Part) -> Iterator[Record]:
         """This task's records of `src`: the `part` its `slicing` gives the task."""
         raise NotImplementedError(f"{self.name} inputs are read as the sources they hold")
+
+    def spread_room(self, src: Source) -> int | None:
+        """The bytes a task passes through in a spread source (`SPREAD`), for progress; None
+        (the default) where that is unknown, and the task's slice then has no known size."""
+        return None
 
     def position(self, src: Source, offset: int) -> int | None:
         """Where the record at `offset` starts in `src`'s room in the byte space, for progress;

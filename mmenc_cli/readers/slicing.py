@@ -53,8 +53,8 @@ class Reading:
     """How far a task has read its slice, for progress: `done` of `total` in `unit`. The unit is
     "bytes" of the tasks' byte space (Parquet rows placed by size, as the slices place them), or
     "rows" under `cfg.limit`. `total` is known up front from the sizes alone (no data read) and
-    None where it is not: a source that takes no room in the byte space (`.jsonl.gz`, Arrow,
-    folders) or no input at all."""
+    None where it is not: a spread source whose format cannot say (`.jsonl.gz`, folders) or no
+    input at all. Every task passes through the whole of an Arrow file: it counts its size."""
 
     total: int | None = None
     unit: str = "bytes"
@@ -120,7 +120,8 @@ def _part(src: Source, space: tuple[int, int, int], pick: tuple[int, int]) -> Pa
 
 
 def _room(src: Source, part: Part) -> int | None:
-    """The bytes of the byte space a part takes: None for a spread source, which takes none."""
+    """The bytes of the byte space a part takes; of a spread source, which takes none there, the
+    bytes its format says a task passes through (None: unknown)."""
     if part.pick is not None:
-        return None
+        return src.fmt.spread_room(src)
     return src.size if part.b is None else part.b - part.a

@@ -79,6 +79,35 @@ def test_csv_and_a_plain_tar_reach_their_size(tmp_path: Path) -> None:
     assert seen == sorted(seen) and len(seen) == 35 and seen[-1] > c.stat().st_size  # inside the tar
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_task_passes_through_a_whole_arrow_file(tmp_path: Path, stream: bool) -> None:
+    table = pa.table({"id": [f"r{i}" for i in range(60)], "text": [f"text number {i}" for i in range(60)]})
+    path = tmp_path / "d.arrow"
+    with pa.OSFile(str(path), "wb") as sink:
+        with (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=10):
+                writer.write_batch(batch)
+    size = path.stat().st_size
+    for task in range(2):  # batches b % 2 == task, read past the others
+        reading, seen = positions([path], task, 2)
+        assert reading.total == size == reading.done and seen == sorted(seen) and len(seen) == 30
+        assert 0 < seen[0] < seen[-1] < size  # the byte its reader reached, batch by batch
+
+
+def test_a_saved_dataset_is_sized_by_its_files(tmp_path: Path) -> None:
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    table = pa.table({"id": [f"r{i}" for i in range(20)], "text": [f"t{i}" for i in range(20)]})
+    names = []
+    for n in range(2):
+        names.append(f"data-0000{n}-of-00002.arrow")
+        with pa.OSFile(str(folder / names[-1]), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=5)
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": n} for n in names]}))
+    reading, seen = positions([folder])
+    assert reading.total == sum((folder / n).stat().st_size for n in names) == reading.done and len(seen) == 40
+
+
 def test_what_takes_no_room_has_no_total(tmp_path: Path) -> None:
     g = tmp_path / "m.jsonl.gz"
     with gzip.open(g, "wt") as fh:

@@ -292,10 +292,12 @@ def print_inspect(out: str, report: "InspectReport") -> None:
     from rich.table import Table
 
     con = Console(stderr=False)
-    con.print(f"[bold]{escape(printable(out))}[/]: {plural(report.embeddings, 'embedding')} "
-              + ", ".join(f"{k} {v}" for k, v in sorted(report.by_modality.items())))
-    con.print(f"model {report.model} (revision {report.revision}), dim {report.dim}, "
-              f"dtype {report.dtype}, format {report.format}")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(report.by_modality.items()))
+    con.print(f"[bold]{escape(printable(out))}[/]: {plural(report.embeddings, 'embedding')}"
+              + (f" ({counts})" if counts else ""), soft_wrap=True)
+    con.print(f"  model     {escape(printable(str(report.model or '-')))}", soft_wrap=True)
+    con.print(f"  revision  {escape(str(report.revision or '-'))}", soft_wrap=True)
+    con.print(f"  dim {report.dim or '-'}, dtype {report.dtype or 'float32'}, format {report.format or '-'}")
     table = Table("shard", "rows", "ok")
     for s in report.shards:
         table.add_row(s["name"], str(s["rows"]), "yes" if s["ok"] else f"NO: {s.get('error')}")

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OutputError
 from .damage import output_problems
 from .embeddings import check_token_shard, is_token_shard, read_shard, shard_meta
 from .keys import file_sha256
@@ -51,9 +52,10 @@ def inspect_output(out: str | Path) -> InspectReport:
     report.revision, report.dtype = facts.get("revision"), facts.get("out_dtype")
     report.format = (run.get("config", {}).get("writer") or {}).get("format")
     if not od.root.is_dir():
-        report.problems.append(f"{od.root}: no such folder")
-        return report
+        raise OutputError(f"{od.root}: no such output folder")
     exists = od.run_meta_path.exists()
+    if not exists and not od.shards():
+        raise OutputError(f"{od.root} is not an mmenc output: it holds no {od.run_meta_path.name} and no shards")
     if not exists:
         report.problems.append(f"{od.run_meta_path}: missing run metadata (not an mmenc output?)")
     report.problems += [p for p in output_problems(od) if exists or not p.startswith(str(od.run_meta_path))]

@@ -60,3 +60,22 @@ def test_keep_takes_a_comma_list(tmp_path: Path) -> None:
     import pyarrow.dataset as ds
 
     assert {"a", "b"} <= set(ds.dataset(str(tmp_path / "out")).schema.names)
+
+
+def test_inspect_of_a_folder_that_is_no_output_says_so_first(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not an output")
+    for folder, said in ((tmp_path, "is not an mmenc output"), (tmp_path / "nope", "no such output folder")):
+        res = runner.invoke(app, ["inspect", str(folder)])
+        assert res.exit_code == 3 and said in res.output and "shard" not in res.stdout
+
+
+def test_inspect_header_fits_80_columns(tmp_path: Path) -> None:
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"id": "a", "text": "t"}) + "\n")
+    assert runner.invoke(app, ["encode", str(m), "--out", str(tmp_path / "out"), "--workers", "0",
+                               "--progress", "none"]).exit_code == 0
+    res = runner.invoke(app, ["inspect", str(tmp_path / "out")], terminal_width=80)
+    assert res.exit_code == 0
+    head = res.stdout.splitlines()[:4]
+    assert head[1].startswith("  model ") and head[2].startswith("  revision ") and "None" not in res.stdout
+    assert all(len(line) <= 80 for line in head[1:])

@@ -42,9 +42,10 @@ def ray(manifest: Path, out: Path, *args: str) -> object:
     (["--cpus-per-task", "0"], ["--cpus-per-task"]),
     (["--gpus-per-task", "-1"], ["--gpus-per-task"]),
     (["--max-retries", "-1"], ["--max-retries"]),
+    (["--connect-timeout", "0"], ["--connect-timeout"]),
     (["--batch-size", "4"], ["No such option", "encode options go after --"]),
 ], ids=["overwrite", "task-index", "out", "secret", "typo", "bad-rate", "tasks", "cpus", "gpus", "retries",
-        "encode-option-before---"])
+        "connect-timeout", "encode-option-before---"])
 def test_what_cannot_run_is_refused_before_connecting(manifest: Path, tmp_path: Path, args: list[str],
                                                        words: list[str]) -> None:
     res = ray(manifest, tmp_path / "out", *args)
@@ -68,7 +69,7 @@ def test_without_ray_installed_it_names_the_extra(manifest: Path, tmp_path: Path
 def test_the_help_names_the_job_s_exit_codes() -> None:
     res = runner.invoke(app, ["ray", "--help"])
     assert res.exit_code == 0
-    for words in ("--address", "--gpus-per-task", "--cpus-per-task", "--max-retries", "137"):
+    for words in ("--address", "--gpus-per-task", "--cpus-per-task", "--max-retries", "--connect-timeout", "137"):
         assert words in res.output, words
 
 
@@ -116,15 +117,17 @@ def test_the_job_s_spec_from_the_command_line(manifest: Path, tmp_path: Path, dr
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     res = ray(Path(manifest.name), Path("out"), "--cpus-per-task", "4", "--max-retries", "5", "--address",
-              "10.0.0.1:6379", "--", "--max-errors", "7", "--batch-size", "16")
+              "10.0.0.1:6379", "--connect-timeout", "2.5", "--", "--max-errors", "7", "--batch-size", "16")
     assert res.exit_code == 0, res.output
     spec = driver.spec
     assert spec.cfg.manifests == (str(manifest),) and spec.cfg.writer.out == str(tmp_path / "out")
     assert (spec.tasks, spec.cpus_per_task, spec.max_retries, spec.address) == (3, 4, 5, "10.0.0.1:6379")
+    assert spec.connect_timeout == 2.5
     assert spec.cfg.batch.workers == 3 and spec.cfg.batch.batch_size == 16  # a task's decode workers: its CPUs less one
     assert spec.cfg.max_errors == 7 and spec.task_config(2).max_errors is None
     assert ray(manifest, tmp_path / "out", "--cpus-per-task", "4", "--", "--workers", "1").exit_code == 0
     assert driver.spec.cfg.batch.workers == 1
+    assert driver.spec.connect_timeout == 30.0  # the default
 
 
 def test_the_driver_exits_with_the_job_s_code_and_prints_its_json(manifest: Path, tmp_path: Path,

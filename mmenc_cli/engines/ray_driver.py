@@ -151,7 +151,7 @@ def _probe(address: str, timeout: float) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as exc:
-        why = exc.strerror or type(exc).__name__
+        why = exc.strerror or str(exc) or type(exc).__name__  # a timeout has no strerror
         raise RunError(f"cannot reach the Ray cluster at {address}: {why}", ExitCode.SETUP) from None
 
 

@@ -78,26 +78,28 @@ def iter_slice(sources: list[Source], cfg: ManifestConfig, task_index: int, task
         return
     reading = reading or Reading()
     space = _space(sources, task_index, task_count)
-    count = 0
+    by_rows, count = reading.unit == "rows", 0
     for src in sources:
         part = _part(src, space, (task_index, task_count))
         if part is None:
             continue
-        room, base, keys = _room(src, part), reading.done, src.fmt.keys(cfg)
+        room, base, keys, a = _room(src, part) or 0, reading.done, src.fmt.keys(cfg), part.a
+        position = src.fmt.position if room and not by_rows else None  # looked up once: it runs per row
         for raw in src.fmt.records(src, cfg, part):
             if isinstance(raw, (NotDownloaded, InvalidRow)):  # an img2dataset shard's metadata rows
                 yield raw
                 continue
             line, offset, record, error = raw
-            if reading.unit == "bytes" and room and (at := src.fmt.position(src, offset)) is not None:
-                reading.done = base + min(max(at - (part.a or 0), 0), room)
+            if position is not None and (at := position(src, offset)) is not None:
+                reading.done = base + min(max(at - a, 0), room)
             yield src.fmt.row(src.path, line, offset, record, error, keys)
             count += 1
-            reading.done = count if reading.unit == "rows" else reading.done
+            if by_rows:
+                reading.done = count
             if count == cfg.limit:
                 return
-        if reading.unit == "bytes":
-            reading.done = base + (room or 0)
+        if not by_rows:
+            reading.done = base + room
 
 
 def _space(sources: list[Source], task_index: int, task_count: int) -> tuple[int, int, int]:

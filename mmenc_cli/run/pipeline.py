@@ -158,8 +158,8 @@ class EncodeRun:
 
             hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron and Slurm logs
         if is_demo(self.cfg.model.model):
-            log.warning("no --model: using the bundled DEMO model %s (random weights, meaningless embeddings)",
-                        self.cfg.model.model)
+            log.warning("using the bundled DEMO model %s (random weights, meaningless embeddings; pass --model "
+                        "for real ones)", self.cfg.model.model)
         with interruptible(self.stop):
             self.encoder = factory(self.cfg.model, device=self.device)
         if self.early is not None and not self.encoder.use_early_tokens(self.early):

@@ -27,8 +27,8 @@ def test_samples_end_to_end_with_default_demo_model(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     # the demo-model warning and the summary, nothing else; nothing on stdout without --json
     lines = res.stderr.splitlines()
-    assert re.fullmatch(r"\d\d:\d\d:\d\d mmenc WARNING: no --model: using the bundled DEMO model .*demo_model "
-                        r"\(random weights, meaningless embeddings\)", lines[0]), lines
+    assert re.fullmatch(r"\d\d:\d\d:\d\d mmenc WARNING: using the bundled DEMO model .*demo_model "
+                        r"\(random weights, meaningless embeddings; pass --model for real ones\)", lines[0]), lines
     assert re.fullmatch(rf"mmenc: 23 rows -> {re.escape(str(out))} in \d+\.\d s: 28 items encoded, "
                         r"3 items failed, 7 rows have no image, 8 rows have no text",
                         lines[1]), lines

@@ -182,9 +182,12 @@ def output_fault(oc: ShardOutcome) -> RunError:
     exc = oc.error
     if isinstance(exc, RunError):
         return exc
-    where, cause = "", str(exc)
+    where, cause, mend = "", str(exc), "fix the store or its credentials"
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
-        cause = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno or 0, exc.errno)})"
+        code = errno.errorcode.get(exc.errno) if exc.errno else None
+        cause = f"{exc.strerror or exc}" + (f" ({code})" if code else "")
+        if exc.errno:  # a local filesystem's fault
+            mend = "free the space or fix the permissions"
     return OutputError(f"cannot write shard {oc.name}{where}: {cause}; whole shards are committed, the rest is "
-                       "left for a re-run: free the space or fix the permissions, then run the same command")
+                       f"left for a re-run: {mend}, then run the same command")

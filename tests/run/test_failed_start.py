@@ -88,3 +88,14 @@ def test_an_interrupt_while_starting_says_so() -> None:
     result = SimpleNamespace(state="interrupted", counters=Counters(), out="OUT", elapsed=4.2, model_loaded=False)
     [line] = summary_lines(result)  # type: ignore[arg-type]
     assert "interrupted while starting" in line and "0 rows" not in line and "run the same command" in line
+
+
+def test_a_store_fault_of_a_shard_names_no_errno_and_no_disk() -> None:
+    import errno
+
+    from mmenc_cli.run.encode_stage import output_fault
+
+    disk = str(output_fault(SimpleNamespace(error=OSError(errno.ENOSPC, "No space left on device", "/o/p"), name="p")))
+    store = str(output_fault(SimpleNamespace(error=OSError("the store at http://s did not answer"), name="p")))
+    assert "(ENOSPC)" in disk and "free the space" in disk
+    assert "(None)" not in store and "free the space" not in store and "fix the store" in store

@@ -268,11 +268,13 @@ class Progress:
     def _bar(self, text: str, progress: dict[str, Any] | None) -> None:
         """The terminal's line: a bar where the total is known, else a spinner (as before)."""
         if self.bar is None:
+            from rich.console import Console
             from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
 
             columns = [SpinnerColumn()] + ([BarColumn()] if progress is not None else [])
-            self.bar = Bar(*columns, TextColumn("{task.description}"), TimeElapsedColumn(), transient=True)
+            self.bar = Bar(*columns, TextColumn("{task.description}"), TimeElapsedColumn(), transient=True,
+                           console=Console(stderr=True))  # progress goes to stderr; stdout is for results
             self.bar.start()
             self.task = self.bar.add_task("", total=None)
         if progress is not None:

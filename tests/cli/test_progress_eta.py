@@ -109,6 +109,22 @@ def test_an_unknown_total_shows_what_it_showed_before(capsys: pytest.CaptureFixt
     assert lines_of(capsys) == ["progress: rows 0, encoded 0, failed 0, 0.0 items/s"] * 2
 
 
+def test_the_bar_fills_to_the_total_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    show = Progress("bar", 0.0, clock=clock)
+    show(counters(0, 1000))
+    clock.now += 5.0
+    show(counters(250, 1000))
+    task = show.bar.tasks[0]
+    assert (task.total, task.completed) == (1000, 250) and "25.0%  ETA 15s" in task.description
+    show.close()
+    assert capsys.readouterr().out == ""
+    unknown = Progress("bar", 0.0, clock=clock)
+    unknown(counters(10, None))
+    assert unknown.bar.tasks[0].total is None and "%" not in unknown.bar.tasks[0].description
+    unknown.close()
+
+
 def test_items_read_but_not_settled_are_not_done() -> None:
     assert counters(500, 1000, requested=10, encoded=5).progress == {"done": 250, "total": 1000, "unit": "bytes"}
     assert counters(1000, 1000, requested=10, encoded=10).progress == {"done": 1000, "total": 1000, "unit": "bytes"}

@@ -56,7 +56,7 @@ from .sources import (
 )
 from .stores import StoreFile, read_fsspec, store_file
 
-__all__ = ["Fetched", "configure_pillow", "describe_source", "fetch_ahead", "load_clip", "load_encoded", "load_image"]
+__all__ = ["FetchAhead", "Fetched", "configure_pillow", "describe_source", "fetch_ahead", "load_clip", "load_encoded", "load_image"]
 
 
 def load_image(source: Source | Fetched, base_dir: str, cfg: MediaConfig, *,

@@ -23,7 +23,7 @@ from ..config import DEFAULT_FRAMES, DEFAULT_MAX_INFLIGHT_BYTES, MediaConfig
 from ..encoders.base import AudioInput, AudioPreprocessor, ImageInput, ImagePreprocessor, VideoInput
 from ..errors import MMError, classify
 from ..lifeline import inherit
-from ..media import Fetched, configure_pillow, fetch_ahead, load_clip, load_encoded, load_image, locate
+from ..media import FetchAhead, Fetched, configure_pillow, fetch_ahead, load_clip, load_encoded, load_image, locate
 from ..media.audio import decode_audio
 from ..media.decode import decode_image, device_jpeg
 from ..media.sources import guard
@@ -179,10 +179,23 @@ def decode_here(chunk: Sequence[tuple[str | bytes, str, bool]], pre: Preprocesso
     its S3 images fetched ahead as in a worker."""
     ahead = fetch_ahead([(src, base) for src, base, _ in chunk] if modality == "image" else [], media, fetch_bytes)
     try:
-        return [decode_one(ahead.take(k) if k in ahead else src, base, pre, media, cpu_only, modality)
+        return [_decode_ahead(ahead, k, src, base, pre, media, cpu_only, modality)
                 for k, (src, base, cpu_only) in enumerate(chunk)]
     finally:
         ahead.close()
+
+
+def _decode_ahead(ahead: FetchAhead, position: int, source: str | bytes, base_dir: str, pre: Preprocessors,
+                  media: MediaConfig, cpu_only: bool, modality: str) -> Decoded:
+    """`decode_one` of the item at `position`, from its bytes when they were fetched ahead; the wait
+    for them counts as loading."""
+    if position not in ahead:
+        return decode_one(source, base_dir, pre, media, cpu_only, modality)
+    t0 = time.perf_counter()
+    fetched = ahead.take(position)
+    dec = decode_one(fetched, base_dir, pre, media, cpu_only, modality)
+    dec.seconds = (time.perf_counter() - t0 - dec.seconds[1], dec.seconds[1])
+    return dec
 
 
 def item_deadline(media: MediaConfig, source: Any, base_dir: str) -> float:
@@ -215,7 +228,7 @@ def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: 
         _record(token, token, position, time.monotonic(), deadline)
         faulthandler.dump_traceback_later(deadline, exit=True, file=_STATE["devnull"])
         try:  # an image fetched ahead is waited for under its deadline
-            dec = decode_one(ahead.take(position) if position in ahead else src, base, pre, media, cpu_only, modality)
+            dec = _decode_ahead(ahead, position, src, base, pre, media, cpu_only, modality)
         finally:
             faulthandler.cancel_dump_traceback_later()
             _record(token, 0, 0, 0.0, 0.0)

@@ -94,7 +94,8 @@ def test_missing_and_forbidden_objects_are_their_codes(bucket: str, s3_server: s
         assert f"s3://{bucket}/missing.jpg does not exist" in missing.message
         forbidden = error(f"s3://{bucket}/secret.jpg")
         assert (forbidden.code, forbidden.reason) == (403, "media.permission_denied")
-        assert (error(f"s3://{bucket}/empty.jpg").code, error(f"s3://{bucket}/empty.jpg").reason) == (400, "media.empty")
+        empty = error(f"s3://{bucket}/empty.jpg")
+        assert (empty.code, empty.reason) == (400, "media.empty")
         assert error(f"s3://{bucket}/dir").reason == "media.is_directory"
         ahead = fetch_ahead([(f"s3://{bucket}/{k}", "") for k in ("missing.jpg", "secret.jpg", "a.jpg")],
                             MediaConfig(), 1 << 20)

@@ -93,7 +93,7 @@ class FetchAhead:
         for position, url in urls.items():
             try:
                 fs, inner = filesystem(url)
-            except MMError:  # fetched in place, where the same error is raised
+            except Exception:  # fetched in place, where the same error becomes the item's
                 continue
             if not is_s3(fs) or (self.loop is not None and fs.loop is not self.loop):
                 continue

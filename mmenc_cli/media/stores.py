@@ -50,24 +50,22 @@ def filesystem(url: str) -> tuple[Any, str]:
     if scheme not in STORES:
         raise load_error(f"unsupported URL scheme {scheme}://; supported: {SUPPORTED_SOURCES}, and object stores "
                          f"({', '.join(sorted(STORES))}) whose fsspec backend is installed", "media.unsupported_scheme")
+    options = client_options(scheme)  # outside the try: a bad MMENC_STORE_* value is no unsupported scheme
     try:
         import fsspec
 
-        return fsspec.core.url_to_fs(url, **client_options(scheme))
+        return fsspec.core.url_to_fs(url, **options)
     except (ImportError, ValueError) as exc:  # no such protocol, or its package is missing
         raise load_error(f"unsupported URL scheme {scheme}://; supported: {SUPPORTED_SOURCES}, and fsspec URLs "
                          f"whose backend is installed ({exc})", "media.unsupported_scheme", exc) from exc
 
 
 def client_options(scheme: str) -> dict[str, Any]:
-    """The store client's options for media: the output's bounded timeouts and retries where
-    `output.objectstore.client_options` offers them, and for S3 a connection per GET in flight."""
-    try:
-        from ..output.objectstore import client_options as bounded
-    except ImportError:  # not offered (yet): the client's own defaults
-        options: dict[str, Any] = {}
-    else:
-        options = dict(bounded(scheme, None))
+    """The store client's options for media: the same bounded timeouts and retries as the output's
+    (`output.objectstore.client_options`), and for S3 a connection per GET in flight."""
+    from ..output.objectstore import client_options as bounded  # here: a worker that reads no store never imports it
+
+    options = dict(bounded(scheme, None))
     if scheme in ("s3", "s3a"):
         options["config_kwargs"] = {"max_pool_connections": POOL_CONNECTIONS, **options.get("config_kwargs", {})}
     return options

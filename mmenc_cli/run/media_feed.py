@@ -10,7 +10,8 @@ that many tokens (each payload's `meta["tokens"]`; one over the budget goes alon
 Memory is bounded by bytes as well as by count: the items waiting to be sent and those in the
 workers hold at most `--max-inflight-bytes` of undecoded payload (one larger item goes alone).
 Only inline bytes (tar members, Parquet and Arrow image bytes) count: a path's or URL's size is
-not known before a worker loads it. An item's bytes are dropped once sent (`Item.source`), and
+not known before a worker loads it (a worker's S3 images fetched ahead have a budget of their own,
+`DecodePool.fetch_bytes`: each worker's share of `--max-inflight-bytes`). An item's bytes are dropped once sent (`Item.source`), and
 its row never holds them (`released`), so nothing after the decode keeps them.
 
 Under `--decode gpu` the workers send plain JPEGs on as their bytes; a batch of them starts

@@ -164,3 +164,16 @@ def test_the_image_waited_for_is_never_held_by_the_budget(bucket: str) -> None:
     put(bucket, images)
     ahead = fetch_ahead([(f"s3://{bucket}/{key}", "") for key in images], MediaConfig(), 1)
     assert [ahead.take(k).payload() for k in range(6)] == list(images.values())
+
+
+def test_the_media_client_is_bounded_like_the_output_one(bucket: str) -> None:
+    """The same timeouts and retries as the output's store client, and a connection per GET in flight."""
+    from mmenc_cli.media.ahead import FetchAhead
+    from mmenc_cli.media.stores import POOL_CONNECTIONS, filesystem
+    from mmenc_cli.output.objectstore import client_options
+
+    fs, inner = filesystem(f"s3://{bucket}/a.jpg")
+    assert inner == f"{bucket}/a.jpg"
+    bounded = client_options("s3", None)["config_kwargs"]
+    assert fs.config_kwargs == {**bounded, "max_pool_connections": POOL_CONNECTIONS}
+    assert POOL_CONNECTIONS >= 32 and isinstance(fetch_ahead([], MediaConfig(), 1), FetchAhead)

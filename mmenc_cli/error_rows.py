@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator
 from .config import DEFAULT_MAX_ROW_BYTES
 from .errors import ManifestError, OutputError, printable
 from .idset import HashSet64, id_hash
-from .output import OutDir, iter_shard_keys
+from .output import OutDir, iter_shard_keys, open_output
 from .output.fs import LOCAL
 from .output.report import iter_error_records, row_locator
 from .readers import format_of, read_raw_row
@@ -32,11 +32,11 @@ def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     return ("item", row.get("id"), row.get("modality"))
 
 
-def latest_errors(out: str | Path, damaged: list[str] | None = None) -> list[dict[str, Any]]:
+def latest_errors(out: "str | Path | OutDir", damaged: list[str] | None = None) -> list[dict[str, Any]]:
     """The current failures of an output: latest row per item, minus items encoded since and
     manifest lines a later run read as valid rows (a "resolved" marker). Report lines and shards
     that cannot be read are skipped (named in `damaged` when given)."""
-    od = OutDir(out)
+    od = open_output(out)
     if not od.root.is_dir():
         raise OutputError(f"{od.root}: no such output folder")
     latest: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -116,7 +116,7 @@ def retryable_whole(row: dict[str, Any]) -> bool:
         return False
 
 
-def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def retry_rows(out: "str | Path | OutDir", rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Rebuild the manifest rows of failed items: absolute media paths (inline bytes, a tar's
     members included, as data URIs), kept fields, and only the failed modalities' fields. A row of a
     manifest keeps its own fields; a sample of a tar shard or a folder becomes a JSONL row under the
@@ -126,7 +126,7 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
     are skipped."""
     from .config import ManifestConfig
 
-    run = OutDir(out).read_run_meta()
+    run = open_output(out).read_run_meta()
     given = ((run if isinstance(run, dict) else {}).get("config") or {}).get("manifest") or {}
     cfg = ManifestConfig(id_key=given.get("id_key"), image_key=given.get("image_key"),
                          text_key=given.get("text_key"), audio_key=given.get("audio_key"),
@@ -166,7 +166,7 @@ def retry_rows(out: str | Path, rows: list[dict[str, Any]]) -> Iterator[dict[str
         yield {k: _jsonable(v) for k, v in raw.items() if v is not None or not fmt.rewritten}
 
 
-def write_retry(out: str | Path, rows: list[dict[str, Any]], path: Path) -> int:
+def write_retry(out: "str | Path | OutDir", rows: list[dict[str, Any]], path: Path) -> int:
     """Write the retry manifest of `rows` (`retry_rows`) to `path`, whole or not at all; the rows written."""
     written = 0
 

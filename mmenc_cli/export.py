@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OutputError
-from .output import OutDir
+from .output import OutDir, open_output
 from .output.fs import LOCAL
 
 MANIFEST = "manifest.jsonl"
@@ -78,7 +78,7 @@ def export_filename(id: str, modality: str = "image") -> str:
     return f"{stem}-{hashlib.sha256(id.encode('utf-8')).hexdigest()[:16]}{kind}.safetensors"
 
 
-def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -> ExportResult:
+def export_vllm(out: "str | Path | OutDir", dest: str | Path, *, overwrite: bool = False) -> ExportResult:
     """Write the `image_embeds` + `image_grid_thw` files (`video_...` for video clips) and
     `manifest.jsonl` of every image and video item of the token output `out` into `dest` (see the
     module docstring).
@@ -88,7 +88,7 @@ def export_vllm(out: str | Path, dest: str | Path, *, overwrite: bool = False) -
     """
     from .output.embeddings import iter_token_embeddings
 
-    od = OutDir(out)
+    od = open_output(out)
     facts = (od.read_run_meta() or {}).get("facts") or {}
     if facts.get("output_kind") != "tokens":
         raise OutputError(f"{od.root} is not a --pooling tokens output (nothing to export to vLLM)")
@@ -110,7 +110,7 @@ def _write_items(manifest: Path, od: OutDir, dest: Path, framework: str, dtype: 
     from .output.embeddings import iter_token_embeddings
 
     with open(manifest, "w", encoding="utf-8") as fh:
-        for emb in iter_token_embeddings(od.root, modality=None, framework=framework):
+        for emb in iter_token_embeddings(od, modality=None, framework=framework):
             if emb.modality not in ("image", "video"):
                 continue
             if emb.grid is None:

@@ -56,8 +56,8 @@ def make_cfg(manifest: Path, out: Path, model: Path, **kw: Any) -> RunConfig:
                           out_dtype=kw.pop("out_dtype", None))
     mcfg = ModelConfig(model=str(model), pooling=kw.pop("pooling", "tokens"), device="cpu", dtype="float32")
     return RunConfig(manifests=(str(manifest),), model=mcfg, writer=writer, batch=batch,
-                     media=MediaConfig(fetch_timeout=0.5, fetch_retries=0), manifest=ManifestConfig(keep=("tag",)),
-                     **kw)
+                     media=MediaConfig(fetch_timeout=0.5, fetch_retries=0),
+                     manifest=ManifestConfig(keep=tuple(kw.pop("keep", ("tag",)))), **kw)
 
 
 def error_rows(out: Path) -> list[dict[str, Any]]:

@@ -8,17 +8,17 @@ import typer
 
 from ..errors import ExitCode
 from .exits import fatal_errors
-from .options import JsonOpt, OutArg
+from .options import JsonOpt, OutArg, StorageOpt, opened
 from .render import duplicates_line, echo_err, print_inspect
 
 
-def inspect(out: OutArg, json_out: JsonOpt = False) -> None:
+def inspect(out: OutArg, json_out: JsonOpt = False, storage_options: StorageOpt = None) -> None:
     """Count embeddings per modality, show dim, dtype, model and shards; check every shard (exit 3 on a
     problem, 4 on ids or items encoded twice)."""
     from ..output.inspect import inspect_output
 
     with fatal_errors():
-        report = inspect_output(out)
+        report = inspect_output(opened(out, storage_options))
     if json_out:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Any, List, Optional
 
 import typer
 
@@ -31,6 +31,15 @@ TaskIndexOpt = Annotated[Optional[int], typer.Option(
 TaskCountOpt = Annotated[Optional[int], typer.Option(
     help="Number of tasks the input is split into (default: SLURM_ARRAY_TASK_COUNT, else MMENC_TASK_COUNT, "
     "else 1).")]
+
+
+def opened(out: str, storage_options: list[str] | None) -> Any:
+    """The output `out` opened with `--storage-option`s (`output.open_output`), exit 3 or 2 on a fault."""
+    from ..output import open_output
+    from .exits import fatal_errors
+
+    with fatal_errors():
+        return open_output(out, parse_storage_options(storage_options))
 
 
 def parse_storage_options(given: list[str] | None) -> tuple[tuple[str, str], ...]:

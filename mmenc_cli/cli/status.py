@@ -10,12 +10,13 @@ import typer
 
 from ..errors import ExitCode
 from .exits import fatal_errors
-from .options import JsonOpt, OutArg
+from .options import JsonOpt, OutArg, StorageOpt, opened
 from .render import print_status, word
 
 
 def status(out: OutArg, json_out: JsonOpt = False,
-           examples: Annotated[int, typer.Option(min=0, help="Example duplicated ids to show.")] = 5) -> None:
+           examples: Annotated[int, typer.Option(min=0, help="Example duplicated ids to show.")] = 5,
+           storage_options: StorageOpt = None) -> None:
     """Show per task: done or not, items encoded, errors, running, and which tasks need a re-run; and duplicated ids.
 
     Exit codes: 0 every task done and no duplicated ids; 4 otherwise (a task not done, running,
@@ -24,7 +25,7 @@ def status(out: OutArg, json_out: JsonOpt = False,
     from ..output.status import collect_status
 
     with fatal_errors():
-        report = collect_status(out, examples=examples)
+        report = collect_status(opened(out, storage_options), examples=examples)
     if json_out:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -292,7 +292,7 @@ def _with_board(outcomes: list[TaskOutcome], board: Any) -> list[TaskOutcome]:
 def _status(spec: JobSpec) -> tuple[Any, str | None]:
     """What `mmenc status OUT` says now, read on a worker; (None, why) when it cannot be read."""
     try:
-        ref = mmenc_status.options(**_resources(spec), max_retries=1).remote(spec.cfg.writer.out)
+        ref = mmenc_status.options(**_resources(spec), max_retries=1).remote(spec.cfg.writer.out, spec.cfg.writer.store_options)
         return ray.get(ref, timeout=300), None
     except rex.RayTaskError as exc:
         return None, f"{type(exc.cause).__name__}: {first_line(exc.cause)}"

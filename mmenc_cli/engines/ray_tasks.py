@@ -192,11 +192,11 @@ def _resolve(cfg: RunConfig) -> None:
     from ..encoders.loading import probe_model
     from ..output import OutDir
     from ..readers.files import check_input
-    from ..readers.plan import plan
+    from ..readers import preflight
 
     for given in cfg.manifests:
         check_input(given)
-    if not plan(cfg.manifests):
+    if not preflight(cfg.manifests, cfg.manifest):  # the inputs and the keys their rows hold
         raise ManifestError(f"the inputs name no file here: {' '.join(cfg.manifests)}")
     library, _ = split_model(cfg.model.model)
     if library is not None:
@@ -207,8 +207,9 @@ def _resolve(cfg: RunConfig) -> None:
 
 
 @ray.remote
-def mmenc_status(out: str) -> Any:
+def mmenc_status(out: str, storage_options: dict[str, str] | None = None) -> Any:
     """What `mmenc status OUT` says, read on a worker (where the tasks' output is reachable)."""
+    from ..output import open_output
     from ..output.status import collect_status
 
-    return collect_status(out)
+    return collect_status(open_output(out, storage_options))

@@ -9,16 +9,17 @@ from .outdir import (
     SHARD_EXTS,
     OutDir,
     ShardName,
-    damaged_shard,
     fsync_dir,
-    iter_shard_keys,
     metadata_fault,
+    open_output,
     parse_shard_name,
     read_json,
     shard_name,
     write_bytes_atomic,
     write_json_atomic,
 )
+from .shard_ids import damaged_shard, iter_shard_keys
 
 __all__ = ["META", "SHARD_EXTS", "OutDir", "ShardName", "damaged_shard", "fsync_dir", "iter_shard_keys",
-           "metadata_fault", "parse_shard_name", "read_json", "shard_name", "write_bytes_atomic", "write_json_atomic"]
+           "metadata_fault", "open_output", "parse_shard_name", "read_json", "shard_name", "write_bytes_atomic",
+           "write_json_atomic"]

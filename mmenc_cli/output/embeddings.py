@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .fs import parquet_source
-from .outdir import OutDir
+from .outdir import OutDir, open_output
 
 
 def shard_meta(path: Path) -> dict[str, Any]:
@@ -93,9 +93,10 @@ def read_shard(out: OutDir, path: Path, modality: str | None) -> tuple[list[str]
     return [ids[i] for i in sel], [mods[i] for i in sel], matrix
 
 
-def read_embeddings(out: str | Path, modality: str = "image") -> tuple[list[str], np.ndarray]:
+def read_embeddings(out: "str | Path | OutDir", modality: str = "image",
+                    storage_options: dict[str, str] | None = None) -> tuple[list[str], np.ndarray]:
     """Return (ids, float32 matrix [n, dim]) of one modality from a Parquet or safetensors output."""
-    od = OutDir(out)
+    od = open_output(out, storage_options)
     all_ids: list[str] = []
     parts: list[np.ndarray] = []
     for shard in od.shards():
@@ -170,11 +171,11 @@ def _table(path: Any, columns: list[str] | None = None) -> Any:
         return pq.read_table(source, columns=columns)
 
 
-def iter_token_embeddings(out: str | Path, modality: str | None = "image",
+def iter_token_embeddings(out: "str | Path | OutDir", modality: str | None = "image",
                           framework: str = "np") -> Iterator[TokenEmbedding]:
     """Every item of a `--pooling tokens` output, shard by shard (`framework`: "np" or "pt")."""
     fw = {"np": "numpy", "numpy": "numpy", "pt": "pt", "torch": "pt"}[framework]
-    od = OutDir(out)
+    od = open_output(out)
     for shard in od.shards(".safetensors"):
         if not is_token_shard(od, shard):
             continue
@@ -186,7 +187,7 @@ def iter_token_embeddings(out: str | Path, modality: str | None = "image",
                                  tuple(int(x) for x in grid) if grid is not None else None, row)
 
 
-def read_token_embedding(out: str | Path, id: str, modality: str = "image",
+def read_token_embedding(out: "str | Path | OutDir", id: str, modality: str = "image",
                          framework: str = "np") -> tuple[Any, tuple[int, int, int] | None]:
     """One item's `[tokens, dim]` array and its `image_grid_thw` (t, h, w); see TokenEmbedding.array.
 
@@ -195,7 +196,7 @@ def read_token_embedding(out: str | Path, id: str, modality: str = "image",
     import pyarrow.compute as pc
 
     fw = {"np": "numpy", "numpy": "numpy", "pt": "pt", "torch": "pt"}[framework]
-    od = OutDir(out)
+    od = open_output(out)
     for shard in od.shards(".safetensors"):
         if not is_token_shard(od, shard):
             continue

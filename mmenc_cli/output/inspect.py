@@ -14,7 +14,7 @@ from .damage import output_problems
 from .embeddings import check_token_shard, is_token_shard, read_shard, shard_meta
 from .keys import file_sha256
 from .layout import parse_shard_name
-from .outdir import OutDir
+from .outdir import OutDir, open_output
 from .status import find_duplicates
 
 
@@ -43,7 +43,7 @@ class InspectReport:
 def inspect_output(out: str | Path) -> InspectReport:
     """Read every shard, check it is readable, agrees with the run metadata and, where its record
     holds them, that its files' bytes are those committed (their SHA-256)."""
-    od = OutDir(out)
+    od = open_output(out)
     report = InspectReport()
     run = od.read_run_meta()
     run = run if isinstance(run, dict) else {}

@@ -25,7 +25,8 @@ from ..errors import OutputError
 from .keys import MAGIC as KEYS_MAGIC, ROW, CommittedKeys, KeyRecord, head_sums, key_rows, parse_keys, seal, \
     unseal, write_keys
 from .layout import parse_pack_name
-from .outdir import OutDir, damaged_shard, shard_keys
+from .outdir import OutDir
+from .shard_ids import damaged_shard, shard_keys
 
 log = logging.getLogger("mmenc")
 
@@ -185,7 +186,7 @@ def iter_key_rows(out: OutDir, owner: tuple[int, int] | None = None, damaged: li
 
 def from_shard(out: OutDir, shard: Any, size: int, old: KeyRecord | None, owner: tuple[int, int] | None,
                damaged: list[str] | None) -> KeyRecord | None:
-    """A shard's record from its own id and modality columns (`outdir.shard_keys`; None when it
+    """A shard's record from its own id and modality columns (`shard_ids.shard_keys`; None when it
     cannot be read and `damaged` names it). A version-1 record's rows, with their sources, are kept
     when they agree with the columns. With `owner` the record is written as the shard's key file."""
     found = shard_keys(out, shard, damaged)

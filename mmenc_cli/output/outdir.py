@@ -10,18 +10,18 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import LockBusy, OutputError
 from . import layout
-from .fs import LOCAL, Content, fsync_dir, metadata_fault, parquet_source, publish_json, read_json
+from .fs import LOCAL, Content, fsync_dir, metadata_fault, publish_json, read_json
 from .layout import META, SHARD_EXTS, ShardName, parse_shard_name, shard_name
 from .locks import TaskLock
 from .lease import alive as lease_alive
 from .objectstore import StoreFS, is_store, local_root, open_root
 
-__all__ = ["META", "SHARD_EXTS", "OutDir", "ShardName", "damaged_shard", "fsync_dir", "iter_shard_keys",
-           "metadata_fault", "parse_shard_name", "read_json", "shard_keys", "shard_name", "write_bytes_atomic",
+__all__ = ["META", "SHARD_EXTS", "OutDir", "ShardName", "fsync_dir", "metadata_fault", "open_output",
+           "parse_shard_name", "read_json", "shard_name", "write_bytes_atomic",
            "write_json_atomic"]
 
 
@@ -33,6 +33,15 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Publish a JSON document at `path` (as `write_bytes_atomic`)."""
     publish_json(path, data)
+
+
+def open_output(out: "str | Path | OutDir", storage_options: Any = None) -> "OutDir":
+    """The output at `out` (a folder, or an object-store URL opened with `storage_options`: a dict
+    or (key, value) pairs); an `OutDir` already open is returned as it is. Every command opens its
+    output here."""
+    if isinstance(out, OutDir):
+        return out
+    return OutDir(out, dict(storage_options) if storage_options else None)
 
 
 class OutDir:
@@ -357,41 +366,3 @@ def json_text(data: Any) -> str:
     import json
 
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
-
-
-def iter_shard_keys(out: OutDir, damaged: list[str] | None = None) -> Iterator[tuple[Path, list[str], list[str]]]:
-    """Yield (shard, ids, modalities) of every committed shard, reading only those columns. A
-    shard that cannot be read (truncated, foreign) raises `OutputError` naming it, or with
-    `damaged` given is named there and skipped."""
-    for shard in out.shards():
-        found = shard_keys(out, shard, damaged)
-        if found is not None:
-            yield shard, *found
-
-
-def shard_keys(out: OutDir, shard: Path, damaged: list[str] | None = None) -> tuple[list[str], list[str]] | None:
-    """(ids, modalities) of one committed shard, from its own columns (or its sidecar or index);
-    a shard that cannot be read raises `OutputError`, or with `damaged` is named there (None)."""
-    import pyarrow.parquet as pq
-
-    source = shard if shard.suffix == ".parquet" else out.sidecar_path(shard.name)
-    index = out.index_path(shard.name)  # token shards (writers/tokens.py)
-    if shard.suffix != ".parquet" and index.exists():
-        source = index
-    try:
-        with parquet_source(source) as read_from:
-            table = pq.read_table(read_from, columns=["id", "modality"])
-    except Exception as exc:  # pyarrow raises several types for a damaged or foreign file
-        problem = damaged_shard(shard, exc)
-        if damaged is None:
-            raise OutputError(problem) from None
-        damaged.append(problem)
-        return None
-    return table.column("id").to_pylist(), table.column("modality").to_pylist()
-
-
-def damaged_shard(shard: Path, exc: BaseException) -> str:
-    """What to say about a shard that cannot be read, and what to do."""
-    text = " ".join(str(exc).split())[:200] or type(exc).__name__
-    return (f"shard {shard} cannot be read ({text}): it is damaged or not mmenc's; delete it and re-run its "
-            "task to encode its items again, or start over with --overwrite")

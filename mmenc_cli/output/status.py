@@ -36,7 +36,8 @@ from .fs import read_json
 from .keyindex import iter_key_rows
 from .keys import UNKNOWN
 from .layout import parse_shard_name
-from .outdir import OutDir, iter_shard_keys
+from .outdir import OutDir, open_output
+from .shard_ids import iter_shard_keys
 
 DONE = "done"
 MISSING = "missing"
@@ -177,7 +178,7 @@ def _errors_by_task(od: OutDir, problems: list[str]) -> Counter[int]:
     from ..error_rows import latest_errors
 
     damaged: list[str] = []
-    rows = latest_errors(od.root, damaged=damaged)
+    rows = latest_errors(od, damaged=damaged)
     problems += [f"{d}: the report is damaged there (the line is skipped)" for d in damaged]
     return Counter(int(r.get("task") or 0) for r in rows)
 
@@ -225,9 +226,9 @@ def percent(progress: Any) -> float | None:
     return 100.0 if total <= 0 else round(100.0 * min(max(progress["done"], 0), total) / total, 1)
 
 
-def collect_status(out: str | Path, examples: int = 5) -> StatusReport:
+def collect_status(out: "str | Path | OutDir", examples: int = 5) -> StatusReport:
     """The status of every task of an output (raises OutputError when OUT is not an mmenc output)."""
-    od = OutDir(out)
+    od = open_output(out)
     if not od.root.is_dir():
         raise OutputError(f"{od.root}: no such output folder")
     problems = [p for p in [run_meta_problem(od)] if p]

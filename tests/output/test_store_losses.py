@@ -122,7 +122,9 @@ def test_a_refused_rerun_changes_no_record_in_a_bucket(tmp_path: Path, bucket: s
     assert status.returncode == 0 and json.loads(status.stdout)["tasks"][0]["state"] == "done"
 
 
-def test_status_right_after_a_kill_says_crashed(tmp_path: Path, bucket: str, s3_server: str) -> None:
+def test_status_right_after_a_kill_says_crashed(tmp_path: Path, bucket: str, s3_server: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")  # the table's note column unfolded
     manifest = texts(tmp_path / "m.jsonl", 3000)
     out = f"s3://{bucket}/emb"
     proc = start_encode(manifest, out, s3_server)
@@ -137,8 +139,9 @@ def test_status_right_after_a_kill_says_crashed(tmp_path: Path, bucket: str, s3_
 
 
 @pytest.mark.parametrize("where", ["bucket", "folder"])
-def test_status_names_a_deleted_shard_and_what_mends_it(tmp_path: Path, where: str, request: pytest.FixtureRequest
-                                                        ) -> None:
+def test_status_names_a_deleted_shard_and_what_mends_it(tmp_path: Path, where: str, request: pytest.FixtureRequest,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
     manifest = texts(tmp_path / "m.jsonl", 200)
     endpoint = request.getfixturevalue("s3_server") if where == "bucket" else None
     out = f"s3://{request.getfixturevalue('bucket')}/emb" if where == "bucket" else str(tmp_path / "out")

@@ -9,6 +9,7 @@ A missing fsspec backend is a clear `ManifestError` naming the package to instal
 from __future__ import annotations
 
 import glob
+import io
 import os
 import re
 from dataclasses import dataclass
@@ -77,11 +78,13 @@ def check_input(given: str) -> None:
 
 
 def open_binary(path: str) -> IO[bytes]:
-    """A binary, seekable handle on a local file or a URL."""
+    """A binary, seekable handle on a local file or a URL. A store's file is wrapped in a buffered
+    reader: fsspec's buffered files take no size in `readline`, which the line readers bound
+    lines with (`lines.read_line`)."""
     if not is_url(path):
         return open(path, "rb")
     fs, inner = _fs(path)
-    return fs.open(inner, "rb")
+    return io.BufferedReader(fs.open(inner, "rb"), buffer_size=1 << 20)
 
 
 @dataclass(frozen=True, slots=True)

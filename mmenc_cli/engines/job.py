@@ -148,3 +148,14 @@ def job_exit_code(outcomes: list[TaskOutcome], merged: RunResult, status_ok: boo
     if status_ok is False:
         return int(ExitCode.THRESHOLD), "mmenc status finds work left or problems (see above)"
     return int(ExitCode.OK), None
+
+
+def job_size(sources: list[Any], cfg: "RunConfig", tasks: int) -> Any:
+    """The size of a job's work, every task's slice (`readers.work_size`) summed, as a `Reading` with
+    nothing done: what its progress is a share of. None when a slice's size is not known."""
+    from ..readers.slicing import work_size
+
+    sizes = [work_size(sources, cfg.manifest, i, tasks) for i in range(tasks)]
+    if not sizes or any(s.total is None for s in sizes):
+        return None
+    return replace(sizes[0], total=sum(s.total or 0 for s in sizes), done=0)

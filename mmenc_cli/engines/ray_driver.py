@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import ray
@@ -32,6 +33,7 @@ from ray import exceptions as rex
 
 from .. import __version__
 from ..errors import ExitCode, RunError, first_line
+from ..readers.slicing import Reading
 from ..run.counters import Counters
 from .job import LOST, JobResult, JobSpec, TaskOutcome, job_exit_code, merge_results
 from .ray_tasks import ProgressBoard, TaskRetry, mmenc_check, mmenc_status, mmenc_task
@@ -62,11 +64,11 @@ def _run(spec: JobSpec, display: Display, stop: threading.Event,
     connection = _connect(spec, stop, signum)
     try:
         _check_resources(spec)
-        _preflight(spec, stop, signum)
+        total = _preflight(spec, stop, signum)
         board = ProgressBoard.remote()  # type: ignore[attr-defined]
         refs = {mmenc_task.options(**_resources(spec), max_retries=spec.max_retries, retry_exceptions=[TaskRetry])
                 .remote(spec.task_config(i), board): i for i in range(spec.tasks)}
-        outcomes = _gather(spec, refs, board, display, stop)
+        outcomes = _gather(spec, refs, board, display, stop, total)
         status, status_error = _status(spec)
     finally:
         ray.shutdown()
@@ -191,21 +193,23 @@ def _wait_one(ref: Any, stop: threading.Event, signum: Callable[[], int | None])
     return ray.get(ref)
 
 
-def _preflight(spec: JobSpec, stop: threading.Event, signum: Callable[[], int | None]) -> None:
-    """On one worker, where a task would run: this mmenc, the model, the inputs and OUT's filesystem."""
+def _preflight(spec: JobSpec, stop: threading.Event, signum: Callable[[], int | None]) -> Reading | None:
+    """On one worker, where a task would run: this mmenc, the model, the inputs and OUT's filesystem;
+    the job's size for its progress (None when not known)."""
     try:
-        check = mmenc_check.options(**_resources(spec), max_retries=0).remote(__version__, spec.cfg)
-        problem = _wait_one(check, stop, signum)
+        check = mmenc_check.options(**_resources(spec), max_retries=0).remote(__version__, spec.cfg, spec.tasks)
+        answer = _wait_one(check, stop, signum)
     except rex.RayError as exc:
         raise RunError(f"cannot run mmenc on the Ray workers (is mmenc[ray] installed on every node?): "
                        f"{first_line(exc)}", ExitCode.SETUP) from None
-    if problem is not None:
-        code, why = problem
+    if isinstance(answer, tuple):
+        code, why = answer
         raise RunError(why, code)
+    return answer
 
 
 def _gather(spec: JobSpec, refs: dict[Any, int], board: Any, display: Display,
-            stop: threading.Event) -> list[TaskOutcome]:
+            stop: threading.Event, total: Reading | None = None) -> list[TaskOutcome]:
     """Wait for every task, showing progress; cancel them all on a stop request or a --fail-fast stop."""
     outcomes: dict[int, TaskOutcome] = {}
     pending = dict(refs)
@@ -219,7 +223,7 @@ def _gather(spec: JobSpec, refs: dict[Any, int], board: Any, display: Display,
             stopped = spec.cfg.fail_fast and any(o.state == "stopped" for o in outcomes.values())
             if (stop.is_set() or stopped) and not cancelled:
                 cancelled = _cancel(pending, force=False)
-            display(*_progress(board, outcomes, spec.tasks))
+            display(*_progress(board, outcomes, spec.tasks, total))
     except KeyboardInterrupt:  # a second Ctrl-C: kill the workers now
         _cancel(pending, force=True)
         raise
@@ -260,8 +264,10 @@ def _snapshot(board: Any) -> dict[int, dict[str, Any]]:
         return {}
 
 
-def _progress(board: Any, outcomes: dict[int, TaskOutcome], tasks: int) -> tuple[Counters, str]:
-    """The tasks' latest counts summed, and a note on where the tasks are."""
+def _progress(board: Any, outcomes: dict[int, TaskOutcome], tasks: int,
+              total: Reading | None = None) -> tuple[Counters, str]:
+    """The tasks' latest counts summed, and a note on where the tasks are; `total`, the job's size,
+    stands for the slices of the tasks that have not reported yet (their share is not done)."""
     seen = _snapshot(board)
     counters = Counters()
     load = 0.0
@@ -270,6 +276,8 @@ def _progress(board: Any, outcomes: dict[int, TaskOutcome], tasks: int) -> tuple
             counters.merge(entry["counters"])
             load = max(load, entry["counters"].seconds.get("load", 0.0))
     counters.seconds["load"] = load  # the tasks load at once: the wall time it took, not the sum
+    if total is not None:
+        counters.reading = replace(total, done=counters.reading.done if counters.reading else 0)
     done = sum(1 for o in outcomes.values() if o.state == "done")
     running = sum(1 for t in seen if t not in outcomes)
     retried = sum(1 for e in seen.values() if e.get("attempts", 1) > 1)

@@ -32,7 +32,7 @@ from ..config import RunConfig
 from ..errors import LockBusy, ManifestError, RunError
 from ..run.counters import Counters, RunResult
 from ..stopping import request_stop
-from .job import RETRIED, TaskOutcome, task_code
+from .job import RETRIED, TaskOutcome, job_size, task_code
 
 log = logging.getLogger("mmenc")
 
@@ -172,22 +172,24 @@ def mmenc_task(cfg: RunConfig, board: Any) -> TaskOutcome:
 
 
 @ray.remote
-def mmenc_check(version: str, cfg: RunConfig) -> tuple[int, str] | None:
+def mmenc_check(version: str, cfg: RunConfig, tasks: int = 1) -> tuple[int, str] | Any:
     """On a worker, before the job: the same mmenc as the driver's, and the model, the inputs and
-    OUT's filesystem resolve here; (exit code, why) when not."""
+    OUT's filesystem resolve here; (exit code, why) when not, else the job's size (every task's
+    slice, `readers.work_size`, summed: a `Reading` with nothing done; None when not known)."""
     host = socket.gethostname()
     if version != __version__:
         return 3, (f"the Ray worker on {host} has mmenc {__version__}, this driver {version}: install the same "
                    "version on every node")
     try:
-        _resolve(cfg)
+        sources = _resolve(cfg)
     except RunError as exc:
         return exc.exit_code, f"on the Ray worker on {host}: {exc}"
-    return None
+    return job_size(sources, cfg, tasks)
 
 
-def _resolve(cfg: RunConfig) -> None:
-    """The inputs, the model and OUT's filesystem, as a task would meet them (RunError when not)."""
+def _resolve(cfg: RunConfig) -> list[Any]:
+    """The inputs, the model and OUT's filesystem, as a task would meet them (RunError when not);
+    the inputs' planned sources."""
     from ..encoders.libraries import import_library, split_model
     from ..encoders.loading import probe_model
     from ..output import OutDir
@@ -196,7 +198,8 @@ def _resolve(cfg: RunConfig) -> None:
 
     for given in cfg.manifests:
         check_input(given)
-    if not preflight(cfg.manifests, cfg.manifest):  # the inputs and the keys their rows hold
+    sources = preflight(cfg.manifests, cfg.manifest)  # the inputs and the keys their rows hold
+    if not sources:
         raise ManifestError(f"the inputs name no file here: {' '.join(cfg.manifests)}")
     library, _ = split_model(cfg.model.model)
     if library is not None:
@@ -204,6 +207,7 @@ def _resolve(cfg: RunConfig) -> None:
     else:
         probe_model(cfg.model)
     OutDir(cfg.writer.out, cfg.writer.store_options).close()
+    return sources
 
 
 @ray.remote

@@ -3,8 +3,10 @@ thresholds judged on the job (not on each task), and the job's exit code from it
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,3 +119,31 @@ def test_the_json_result_names_every_task(spec: JobSpec) -> None:
     d = job.to_dict()
     assert [t["state"] for t in d["tasks"]] == ["done", "lost"] and d["tasks"][1]["attempts"] == 4
     assert d["exit_code"] == LOST and d["counters"]["encoded"] == 5 and d["tasks"][1]["counters"] is None
+
+
+def test_the_jobs_size_is_every_slice_and_the_display_shares_it(tmp_path: Path, monkeypatch: Any) -> None:
+    """`mmenc ray` shows a percentage of the whole job from the start: a task that has not reported
+    yet counts as not done, not as absent."""
+    pytest.importorskip("ray")
+    from mmenc_cli.engines import ray_driver
+    from mmenc_cli.engines.job import job_size
+    from mmenc_cli.readers import plan
+    from mmenc_cli.readers.slicing import Reading
+    from mmenc_cli.run.counters import Counters
+
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps({"id": f"t{i}", "text": f"text {i}"}) + "\n" for i in range(100)))
+    cfg = make_cfg([m], tmp_path / "out")
+    total = job_size(plan([str(m)]), cfg, 4)
+    assert total is not None and total.total == m.stat().st_size and total.done == 0
+    first = Counters()
+    first.reading = Reading(total=total.total // 4, done=total.total // 4)  # task 0 read its whole slice
+    first.add("text", "requested")
+    first.add("text", "encoded")
+    monkeypatch.setattr(ray_driver, "_snapshot", lambda board: {0: {"counters": first}})
+    counters, note = ray_driver._progress(None, {}, 4, total)
+    assert counters.progress == {"done": total.total // 4, "total": total.total, "unit": "bytes"}
+    assert "0/4 done" in note
+    gz = tmp_path / "m.jsonl.gz"
+    gz.write_bytes(b"")
+    assert job_size(plan([str(gz)]), cfg, 2) is None  # a size no listing tells: no percentage

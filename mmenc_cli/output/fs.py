@@ -152,9 +152,13 @@ def parquet_source(path: Any) -> Iterator[Any]:
 
 
 def read_json(path: Any) -> Any | None:
-    """Read a JSON file (a local path or a store's); None when absent or unreadable."""
+    """Read a JSON file (a local path or a store's); None when absent or unreadable. An object in a
+    store is one GET: a file object's HEAD then ranged GET fails (s3fs's FileExpired) when another
+    runner rewrites the object in between, as heartbeats and commits rewrite a task's record."""
     try:
-        return json.loads(path.read_bytes())
+        if isinstance(path, Path):
+            return json.loads(path.read_bytes())
+        return json.loads(path.fs.cat_file(path.path))
     except (FileNotFoundError, ValueError):
         return None
 

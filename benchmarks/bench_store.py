@@ -44,16 +44,16 @@ CALLS: collections.Counter[str] = collections.Counter()
 
 
 def count_calls() -> None:
-    """Count every S3 API call of every s3fs client made from now on (botocore `before-call`)."""
-    from aiobotocore.session import AioSession
+    """Count every S3 API call of every botocore or s3fs client made from now on (`before-call`)."""
+    from botocore.session import Session  # aiobotocore's sessions are made through botocore's
 
-    original = AioSession.__init__
+    original = Session.__init__
 
     def init(self: Any, *args: Any, **kw: Any) -> None:
         original(self, *args, **kw)
         self.register("before-call.s3", lambda event_name, **_: CALLS.update([event_name.rsplit(".", 1)[-1]]))
 
-    AioSession.__init__ = init  # type: ignore[method-assign]
+    Session.__init__ = init  # type: ignore[method-assign]
 
 
 def start_server(log: Path | None = None) -> tuple[str, subprocess.Popen | None]:

@@ -3,15 +3,21 @@ where the matching backend is installed; any other scheme (ftp://, ...) is one w
 (415, naming the package to install where one would do).
 
 An image in S3 costs one request: a GetObject whose Content-Length is checked against the size
-limit before the body is read (`get_object`); s3fs and botocore retry a 503 SlowDown with
-back-off. Many such GETs run at once in a decode worker (`ahead.py`). Other stores are checked
+limit before the body is read; botocore retries a 503 SlowDown with back-off. Many such GETs run at
+once in a decode worker (`ahead.py`): on threads sharing one plain botocore client built from the
+filesystem's settings (`blocking_client`, `fetch_object`: a blocking client costs less CPU per GET
+than aiobotocore's), or as coroutines on s3fs's event loop (`get_object`) where those settings
+hold options we do not map. Other stores are checked
 (`fs.info`) and then read. Audio and video are opened where they lie (`StoreFile`): PyAV reads
 only the byte ranges it decodes.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -27,6 +33,16 @@ POOL_CONNECTIONS = 32
 
 #: awaited with an object's size once its answer is in, before its body is read (`ahead.py`'s bytes budget)
 Reserve = Callable[[int], Awaitable[None]]
+
+#: s3fs options a plain botocore client is built from (`blocking_client`); with any other set, an
+#: image is read through s3fs (anonymous access, requester pays, a profile, extra call arguments...)
+MAPPED = frozenset({"key", "secret", "token", "endpoint_url", "client_kwargs", "config_kwargs", "use_ssl",
+                    "version_aware", "skip_instance_cache", "use_listings_cache", "listings_expiry_time",
+                    "max_paths"})
+
+#: the plain botocore client of each s3fs filesystem, made once per process (pid, client)
+_CLIENTS: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
+_CLIENTS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -111,10 +127,7 @@ async def get_object(fs: Any, path: str, cfg: MediaConfig, shown: str, reserve: 
         raise client_error(exc, shown) from exc
     body = answer["Body"]
     try:
-        size = int(answer.get("ContentLength") or 0)
-        if size == 0:
-            raise load_error(f"{shown} is empty", "media.empty")
-        check_size(size, cfg, shown)
+        size = answer_size(answer, cfg, shown)
         if reserve is not None:
             await reserve(size)
         data = await body.read(cfg.max_file_bytes + 1)  # +1: a body longer than its header still fails
@@ -135,9 +148,90 @@ async def _missing(fs: Any, path: str, shown: str, exc: OSError) -> MMError:
         folder = await fs._isdir(path)
     except Exception:  # the listing failed too: the GET's answer stands
         folder = False
+    return missing_error(folder, shown, exc)
+
+
+def missing_error(folder: bool, shown: str, exc: OSError) -> MMError:
+    """A key that does not exist: `folder` when its prefix holds objects, else 404."""
     if folder:
         return load_error(f"{shown} is a directory, not a media file", "media.is_directory")
     return store_error(exc, shown)
+
+
+def blocking_client(fs: Any) -> Any | None:
+    """A plain botocore S3 client (thread-safe, blocking) with s3fs `fs`'s credentials, endpoint,
+    timeouts and retries, one per filesystem and process; None where botocore cannot be imported
+    or `fs` was given options it does not map (`MAPPED`): such images are read through s3fs."""
+    if any(value for key, value in fs.storage_options.items() if key not in MAPPED):
+        return None
+    try:
+        import botocore.session
+        from botocore.config import Config
+    except ImportError:
+        return None
+    with _CLIENTS_LOCK:  # making a client is not thread-safe; using one is
+        made = _CLIENTS.get(fs)
+        if made is None or made[0] != os.getpid():  # a client does not survive a fork
+            given = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret,
+                     "aws_session_token": fs.token, "endpoint_url": fs.endpoint_url, "use_ssl": fs.use_ssl}
+            init = {k: v for k, v in given.items() if v is not None}
+            init.update(fs.client_kwargs)  # as s3fs: its client_kwargs win
+            config = {**fs.config_kwargs, "connect_timeout": fs.config_kwargs.get("connect_timeout", fs.connect_timeout),
+                      "read_timeout": fs.config_kwargs.get("read_timeout", fs.read_timeout)}
+            client = botocore.session.get_session().create_client("s3", config=Config(**config), **init)
+            made = _CLIENTS[fs] = (os.getpid(), client)
+    return made[1]
+
+
+def fetch_object(client: Any, fs: Any, path: str, cfg: MediaConfig, shown: str,
+                 reserve: Callable[[int], None] | None = None) -> bytes:
+    """`get_object` with the plain botocore `client` (`blocking_client`), on the calling thread: one
+    GetObject, empty or over the size limit by its Content-Length with the body unread, else its bytes
+    once `reserve` (if any) grants their size."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    bucket, key, version = fs.split_path(path)
+    try:
+        answer = client.get_object(Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+    except ClientError as exc:  # the store's answer, as s3fs turns it into an OSError (NoSuchKey: FileNotFoundError)
+        error = translate_boto_error(exc)
+        if os_reason(error) == "media.not_found":  # a missing key (or a folder's prefix)
+            raise missing_error(_is_folder(fs, path), shown, error) from exc
+        raise store_error(error, shown) from exc
+    except Exception as exc:  # botocore's own errors (no credentials, endpoint unreachable)
+        raise client_error(exc, shown) from exc
+    body = answer["Body"]
+    try:
+        size = answer_size(answer, cfg, shown)
+        if reserve is not None:
+            reserve(size)
+        data = body.read(cfg.max_file_bytes + 1)  # +1: a body longer than its header still fails
+    except MMError:
+        raise
+    except OSError as exc:
+        raise store_error(exc, shown) from exc
+    except Exception as exc:  # the connection broke while reading (urllib3's errors): worth a later retry
+        raise client_error(exc, shown) from exc
+    finally:
+        body.close()  # unread bytes are dropped with the connection, never read
+    return check_payload(data, cfg, shown)
+
+
+def _is_folder(fs: Any, path: str) -> bool:
+    try:
+        return bool(fs.isdir(path))
+    except Exception:  # the listing failed too: the GET's answer stands
+        return False
+
+
+def answer_size(answer: dict[str, Any], cfg: MediaConfig, shown: str) -> int:
+    """A GetObject answer's Content-Length, checked: not empty, within the size limit."""
+    size = int(answer.get("ContentLength") or 0)
+    if size == 0:
+        raise load_error(f"{shown} is empty", "media.empty")
+    check_size(size, cfg, shown)
+    return size
 
 
 def store_file(url: str, cfg: MediaConfig) -> StoreFile:

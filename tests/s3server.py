@@ -106,6 +106,33 @@ _ERRORS = {"slowdown": (503, "SlowDown", "Please reduce your request rate."),
            "readonly": (403, "AccessDenied", "Access Denied")}
 
 
+def send_error_xml(handler: http.server.BaseHTTPRequestHandler, status: int, code: str, message: str) -> None:
+    """Answer as S3 answers an error: `status` with its XML body."""
+    xml = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/xml")
+    handler.send_header("Content-Length", str(len(xml)))
+    handler.end_headers()
+    handler.wfile.write(xml)
+
+
+def relay(handler: http.server.BaseHTTPRequestHandler, target: urllib.parse.ParseResult, body: bytes,
+          headers: dict[str, str]) -> None:
+    """Send the request to `target` and its answer back, whole (one Content-Length)."""
+    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+    conn.request(handler.command, handler.path, body=body, headers=headers)
+    answer = conn.getresponse()
+    data = answer.read()
+    handler.send_response(answer.status)
+    for key, value in answer.getheaders():
+        if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+            handler.send_header(key, value)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+    conn.close()
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Proxy
     protocol_version = "HTTP/1.1"
@@ -117,29 +144,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         if self.server.inject(self.command):
-            status, code, message = _ERRORS[self.server.mode]
-            xml = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(xml)))
-            self.end_headers()
-            self.wfile.write(xml)
+            send_error_xml(self, *_ERRORS[self.server.mode])
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
         if self.server.mode == "no-exclusive":
             headers = {k: v for k, v in headers.items() if k.lower() != "if-none-match"}
-        conn = http.client.HTTPConnection(self.server.target.hostname, self.server.target.port, timeout=60)
-        conn.request(self.command, self.path, body=body, headers=headers)
-        answer = conn.getresponse()
-        data = answer.read()
-        self.send_response(answer.status)
-        for key, value in answer.getheaders():
-            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        conn.close()
+        relay(self, self.server.target, body, headers)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 

@@ -5,7 +5,6 @@ it refuses keys that are not the test's, as a real store does)."""
 
 from __future__ import annotations
 
-import http.client
 import http.server
 import os
 import subprocess
@@ -17,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.s3server import KEY_ID, bucket, free_port, s3_server, store_env  # noqa: F401
+from tests.s3server import KEY_ID, bucket, free_port, relay, s3_server, send_error_xml, store_env  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -39,25 +38,10 @@ class _Checking(http.server.BaseHTTPRequestHandler):
     def _handle(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if f"Credential={KEY_ID}/" not in (self.headers.get("Authorization") or ""):
-            xml = (b"<Error><Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you provided does not "
-                   b"exist in our records.</Message></Error>")
-            self.send_response(403)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(xml)))
-            self.end_headers()
-            self.wfile.write(xml)
+            send_error_xml(self, 403, "InvalidAccessKeyId",
+                           "The AWS Access Key Id you provided does not exist in our records.")
             return
-        conn = http.client.HTTPConnection(self.target.hostname, self.target.port, timeout=60)
-        conn.request(self.command, self.path, body=body, headers={k: v for k, v in self.headers.items()})
-        answer = conn.getresponse()
-        data = answer.read()
-        self.send_response(answer.status)
-        for key, value in answer.getheaders():
-            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        relay(self, self.target, body, dict(self.headers.items()))
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 

@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from tests.s3server import _Handler, _Proxy
+from tests.s3server import _Handler, _Proxy, send_error_xml
 
 ERRORS = {503: ("SlowDown", "Please reduce your request rate."), 403: ("AccessDenied", "Access Denied")}
 
@@ -69,13 +69,7 @@ class _FaultHandler(_Handler):
                 if is_get:
                     self.server.gets(-1)
             return
-        code, message = ERRORS[status]
-        xml = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(xml)))
-        self.end_headers()
-        self.wfile.write(xml)
+        send_error_xml(self, status, *ERRORS[status])
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _answer
 

@@ -32,6 +32,8 @@ from ..run.counters import Counters, RunResult, threshold_exceeded
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import RunConfig
 
+#: the most (tasks x sources) a job's size is computed for (`job_size`: a pass over the sources a task)
+SIZED_UP_TO = 2_000_000
 #: the code of a task whose worker or node died on every attempt (as a shell reports a SIGKILL)
 LOST = 137
 #: the codes a task hands back to the engine to retry (a failed device, a live runner, a stop)
@@ -155,6 +157,8 @@ def job_size(sources: list[Any], cfg: "RunConfig", tasks: int) -> Any:
     nothing done: what its progress is a share of. None when a slice's size is not known."""
     from ..readers.slicing import work_size
 
+    if tasks * max(1, len(sources)) > SIZED_UP_TO:  # each slice is a pass over the sources: too dear
+        return None
     sizes = [work_size(sources, cfg.manifest, i, tasks) for i in range(tasks)]
     if not sizes or any(s.total is None for s in sizes):
         return None

@@ -116,7 +116,7 @@ def _connect(spec: JobSpec, stop: threading.Event, signum: Callable[[], int | No
     joins = target not in (None, "local")
     deadline = time.monotonic() + spec.connect_timeout
     if joins:
-        _probe(target, spec.connect_timeout)  # type: ignore[arg-type]
+        _probe(target, deadline, lambda: _check_stop(stop, signum, spec.address))  # type: ignore[arg-type]
     quiet, noisy = _SigtermNote(), logging.getLogger("ray._private.worker")
     noisy.addFilter(quiet)
     handlers = _handlers()
@@ -124,8 +124,7 @@ def _connect(spec: JobSpec, stop: threading.Event, signum: Callable[[], int | No
     connection.thread.start()
     try:
         while not connection.ready.wait(0.1):
-            if stop.is_set():
-                raise _stopped(signum, f"while connecting to the Ray cluster{_where(spec.address)}")
+            _check_stop(stop, signum, spec.address)
             if joins and time.monotonic() > deadline:
                 raise RunError(f"cannot reach the Ray cluster at {target}: no answer within {spec.connect_timeout:g} s "
                                "(--connect-timeout)", ExitCode.SETUP)
@@ -139,21 +138,35 @@ def _connect(spec: JobSpec, stop: threading.Event, signum: Callable[[], int | No
     return connection
 
 
+def _check_stop(stop: threading.Event, signum: Callable[[], int | None], address: str | None) -> None:
+    """A stop request while connecting ends the driver at once."""
+    if stop.is_set():
+        raise _stopped(signum, f"while connecting to the Ray cluster{_where(address)}")
+
+
 def _where(address: str | None) -> str:
     return f" at {address}" if address else " (none given: RAY_ADDRESS, this machine's, or a new local one)"
 
 
-def _probe(address: str, timeout: float) -> None:
+def _probe(address: str, deadline: float, check_stop: Callable[[], None]) -> None:
     """A plain TCP connect to the cluster's HOST:PORT: a port nobody listens on fails here at once,
     with the system's reason, instead of at the deadline (an address that is no HOST:PORT is left
-    to Ray)."""
+    to Ray). Tried in short steps, so a stop request ends an address that drops packets at once."""
     host, _, port = address.split("://", 1)[-1].rpartition(":")
     if not host or not port.isdigit():
         return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as exc:
-        why = exc.strerror or str(exc) or type(exc).__name__  # a timeout has no strerror
+    while True:
+        check_stop()
+        step = min(0.5, deadline - time.monotonic())
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=max(step, 0.01)).close()
+            return
+        except TimeoutError:
+            if time.monotonic() < deadline:
+                continue
+            why = "no answer"
+        except OSError as exc:
+            why = exc.strerror or str(exc) or type(exc).__name__
         raise RunError(f"cannot reach the Ray cluster at {address}: {why}", ExitCode.SETUP) from None
 
 

@@ -184,7 +184,11 @@ def mmenc_check(version: str, cfg: RunConfig, tasks: int = 1) -> tuple[int, str]
         sources = _resolve(cfg)
     except RunError as exc:
         return exc.exit_code, f"on the Ray worker on {host}: {exc}"
-    return job_size(sources, cfg, tasks)
+    try:
+        return job_size(sources, cfg, tasks)
+    except Exception as exc:  # the job still runs: its progress shows no percentage
+        log.debug("the job's size is not known: %s", exc)
+        return None
 
 
 def _resolve(cfg: RunConfig) -> list[Any]:

@@ -60,7 +60,6 @@ class Lease:
     def __init__(self, record_path: Any, task: int) -> None:
         self.record_path, self.task = record_path, task
         self.runner = uuid.uuid4().hex[:12]
-        self.previous: dict[str, Any] | None = None  # the record found when the task was claimed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -69,7 +68,6 @@ class Lease:
         LockWaitInterrupted when `stop` is set meanwhile)."""
         while True:
             record = bounded(lambda: read_json(self.record_path), f"reading {self.record_path}")
-            self.previous = record if isinstance(record, dict) else None
             if not alive(record) or record.get("runner") == self.runner:
                 return
             age = time.time() - float(record["heartbeat"])

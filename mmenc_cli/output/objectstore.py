@@ -43,6 +43,7 @@ def open_root(url: str, options: dict[str, str] | None = None) -> Any:
     scheme = url.split("://", 1)[0].lower()
     if scheme in _UNSUPPORTED:
         raise OutputError(f"--out {url}: {scheme}:// cannot hold an output (use a folder, or s3://, gs://, az://)")
+    bounded_options = client_options(scheme, options)  # a bad MMENC_STORE_* is its own ConfigError (exit 2)
     try:
         import fsspec
         from upath import UPath
@@ -51,7 +52,7 @@ def open_root(url: str, options: dict[str, str] | None = None) -> Any:
         OPENED.append(scheme)
         # no listing cache: another runner's objects appear between two calls, and a cached
         # listing would hide them (a read of run.json right after losing the race to create it)
-        return UPath(url.rstrip("/"), **{"use_listings_cache": False, **client_options(scheme, options)})
+        return UPath(url.rstrip("/"), **{"use_listings_cache": False, **bounded_options})
     except (ImportError, ValueError) as exc:
         package = PACKAGES.get(scheme, f"the fsspec backend for {scheme}://")
         raise OutputError(f"--out {url}: no filesystem for {scheme}:// here ({exc}); install {package} "

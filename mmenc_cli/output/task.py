@@ -139,10 +139,11 @@ class TaskOutput:
         runner took the task, which reports the items, so rows not written yet are dropped;
         `refused`: the run ends before its first item, so the record it replaced is put back.
         OutputError (the task recorded as failed) when shards this run committed are gone (`_lost`)."""
-        lost_shards = None if best_effort or lost or refused else self._lost()
-        if lost_shards and record is not None:
-            record = {**record, "state": "failed", "error": lost_shards}
+        lost_shards = None
         try:
+            lost_shards = None if best_effort or lost or refused else self._lost()
+            if lost_shards and record is not None:
+                record = {**record, "state": "failed", "error": lost_shards}
             self._packs.flush()
             if isinstance(self._claim, Lease):
                 self._claim.release()  # no heartbeat may overwrite the final record
@@ -162,7 +163,7 @@ class TaskOutput:
             self._claim = None
             self.out.close()
         if refused and self.created_root:
-            _remove_if_only_locks(self.out)
+            _remove_if_only_locks(self.out, self.out.lock_path(self.request.task))
         if lost_shards:
             raise OutputError(lost_shards)
 
@@ -172,11 +173,15 @@ class TaskOutput:
         read (a re-run of an output that lost it would be refused). None when everything is there."""
         if not self._committed:
             return None
-        present = {path.name for path in self.out.shards()}
+        try:
+            present = {path.name for path in self.out.shards()}
+            if self.run_meta is not None and not self.out.run_meta_path.exists():
+                self.out.create_run_meta(self.run_meta)
+                log.warning("%s was gone from %s: written again", self.out.run_meta_path.name, self.root)
+        except (OSError, OutputError) as exc:  # the output cannot say: the run cannot claim it holds it all
+            return (f"cannot check that the shards this run committed to {self.root} are still there "
+                    f"({exc}); run the same command again to finish")
         gone = [name for name in self._committed if name not in present]
-        if self.run_meta is not None and not self.out.run_meta_path.exists():
-            self.out.create_run_meta(self.run_meta)
-            log.warning("%s was gone from %s: written again", self.out.run_meta_path.name, self.root)
         if not gone:
             return None
         rows = sum(self._committed[name] for name in gone)
@@ -242,12 +247,12 @@ class TaskOutput:
                 self.out.write_task_meta(self.request.task, self._claim.stamp(self._last))
 
 
-def _remove_if_only_locks(out: OutDir) -> None:
-    """Remove a local OUT that a refused start created, when nothing but empty folders and lock
-    files is left in it (a runner that started beside it keeps what it wrote)."""
+def _remove_if_only_locks(out: OutDir, own_lock: Path) -> None:
+    """Remove a local OUT that a refused start created, when nothing but empty folders and this
+    task's own lock file is left in it: a runner that started beside it (its lock file, anything it
+    wrote) keeps the folder."""
     root = Path(str(out.root))
-    kept = [p for p in root.rglob("*") if p.is_file() and p.parent != out.meta / "locks"]
-    if not kept:
+    if not [p for p in root.rglob("*") if p.is_file() and p != own_lock]:
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -279,6 +284,8 @@ def open_task(req: TaskRequest) -> TaskOutput:
             _heartbeat(task)
         if req.role != "device":
             _settle(out, req)
+            if req.overwrite and task._found:
+                task._found = [None]  # the record it replaced went with the wipe: a refusal removes its own
         if req.role == "devices":
             if not isinstance(task._claim, Lease):
                 assert req.meta is not None

@@ -217,29 +217,38 @@ def decode_chunk(chunk: Sequence[tuple[str | bytes, str, Any, bool]], modality: 
     slot when it has one, a video clip's frames into theirs (a tuple of slots per clip). faulthandler's watchdog is a C thread, so it ends the process even when
     a library call hangs holding the GIL; the pool then isolates the item. With a `token`, the
     board holds the item the worker is on (`board.Board.timed_out` reads it)."""
-    import faulthandler
-
-    pre, media, slots = _STATE["pre"], _STATE["media"], _STATE.get("slots")
-    out = []
+    pre, media = _STATE["pre"], _STATE["media"]
     ahead = fetch_ahead([(src, base) for src, base, _, _ in chunk] if modality == "image" else [], media,
                         _STATE.get("fetch_bytes", DEFAULT_MAX_INFLIGHT_BYTES))
-    for position, (src, base, slot, cpu_only) in enumerate(chunk):
-        deadline = item_deadline(media, src, base)
-        _record(token, token, position, time.monotonic(), deadline)
-        faulthandler.dump_traceback_later(deadline, exit=True, file=_STATE["devnull"])
-        try:  # an image fetched ahead is waited for under its deadline
-            dec = _decode_ahead(ahead, position, src, base, pre, media, cpu_only, modality)
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-            _record(token, 0, 0, 0.0, 0.0)
-        if isinstance(slot, tuple) and slots is not None and isinstance(dec.value, VideoInput):
-            dec.frames = tuple(_to_slot(slots, index, frame) for index, frame in zip(slot, dec.value.frames))
-        elif slot is not None and slots is not None and isinstance(dec.value, ImageInput):
-            dec.slot = slots.write(slot, dec.value.pixels)
-            if dec.slot is not None:
-                dec.value.pixels = _IN_SLOT
-        out.append(dec)
-    return out
+    try:  # a chunk that ends early still wakes and ends its fetches (their threads serve the next chunk)
+        return [_decode_in_slot(ahead, position, item, token, pre, media, modality)
+                for position, item in enumerate(chunk)]
+    finally:
+        ahead.close()
+
+
+def _decode_in_slot(ahead: FetchAhead, position: int, item: tuple[str | bytes, str, Any, bool], token: int,
+                    pre: Preprocessors, media: MediaConfig, modality: str) -> Decoded:
+    """One item of `decode_chunk`, under its deadline, into its shared-memory slot(s)."""
+    import faulthandler
+
+    src, base, slot, cpu_only = item
+    slots = _STATE.get("slots")
+    deadline = item_deadline(media, src, base)
+    _record(token, token, position, time.monotonic(), deadline)
+    faulthandler.dump_traceback_later(deadline, exit=True, file=_STATE["devnull"])
+    try:  # an image fetched ahead is waited for under its deadline
+        dec = _decode_ahead(ahead, position, src, base, pre, media, cpu_only, modality)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        _record(token, 0, 0, 0.0, 0.0)
+    if isinstance(slot, tuple) and slots is not None and isinstance(dec.value, VideoInput):
+        dec.frames = tuple(_to_slot(slots, index, frame) for index, frame in zip(slot, dec.value.frames))
+    elif slot is not None and slots is not None and isinstance(dec.value, ImageInput):
+        dec.slot = slots.write(slot, dec.value.pixels)
+        if dec.slot is not None:
+            dec.value.pixels = _IN_SLOT
+    return dec
 
 
 def _record(token: int, *fields: Any) -> None:

@@ -250,9 +250,12 @@ def upright(frame: Any) -> Image.Image:
 
 
 def _display_matrix(frame: Any) -> tuple[int, ...] | None:
-    """The frame's display matrix (FFmpeg's 3x3, row-major, int32), None without one."""
-    for side in frame.side_data:
-        if side.type.name == "DISPLAYMATRIX":
-            raw = bytes(side)
+    """The frame's display matrix (FFmpeg's 3x3, row-major, int32), None without one. PyAV up to
+    18.1.0 iterates a frame's side data as the entries, later versions as a mapping of their types."""
+    container = frame.side_data
+    for entry in container:
+        keyed = not hasattr(entry, "type")
+        if (entry if keyed else entry.type).name == "DISPLAYMATRIX":
+            raw = bytes(container[entry] if keyed else entry)
             return struct.unpack("=9i", raw[:36]) if len(raw) >= 36 else None
     return None
